@@ -1,0 +1,67 @@
+# The course's commands. `make lab` and `make test` create the environment they need.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+WORK   ?= work
+# nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help venv lab test test-fast notebooks package release manifest build check grade doctor bench clean-venv
+
+help:
+	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
+	@echo "make test      run the whole test suite (as CI does)"
+	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
+	@echo "make package   write minillm/ from the solution notebooks' export cells"
+	@echo "make release   write chapters/ from solutions/ with nbgrader"
+	@echo "make grade     grade notebooks: make grade FILES='sub/*.ipynb' OUT=graded"
+	@echo "make doctor    check the environment, one OK/FAIL line per check"
+	@echo "make bench     run the benchmarks in bench/"
+
+# Reinstalls only when pyproject.toml changed since the last install.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers
+# stay yours, and chapters added by `git pull` appear. Stop JupyterLab with Ctrl-C.
+lab: $(STAMP)
+	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
+	$(BIN)/jupyter lab --notebook-dir=$(WORK) $(LAB_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+notebooks: $(STAMP)
+	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)
+
+package: $(STAMP)
+	$(BIN)/python -m coursebuild package
+
+release: $(STAMP)
+	$(BIN)/python -m coursebuild release $(CHAPTERS)
+
+manifest: $(STAMP)
+	$(BIN)/python -m coursebuild manifest
+
+build: notebooks package release manifest
+
+check: $(STAMP)
+	$(BIN)/python -m coursebuild check
+
+OUT ?= graded
+grade: $(STAMP)
+	$(BIN)/python -m autograder grade $(FILES) --out $(OUT)
+
+doctor: $(STAMP)
+	$(BIN)/python -m minillm.doctor
+
+bench: $(STAMP)
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

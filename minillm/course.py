@@ -1,0 +1,140 @@
+"""Helpers every chapter uses (infrastructure; no chapter teaches this module).
+
+- ``QUICK``: true when ``COURSE_QUICK=1``; chapters shrink their experiments then.
+- ``seed_everything`` and ``pick_device``: one way to seed, one way to choose the device.
+- ``expect_*``: the checks behind the visible tests. A failure says what was expected,
+  what came back, where the first mismatch is, and, when the wrong answer matches a known
+  mistake, names that mistake.
+- ``keep_going``: after an exercise, binds a new name to the learner's function when a
+  quick check passes, else to the package's reference, and says which.
+"""
+from __future__ import annotations
+
+import os
+import random
+from typing import Callable, Mapping
+
+import torch
+
+QUICK = os.environ.get("COURSE_QUICK", "").strip() not in ("", "0")
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python's and torch's generators, so that numbers and figures reproduce."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """``prefer`` when given, else CUDA when present, else the CPU."""
+    if prefer is not None:
+        device = torch.device(prefer)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"prefer={prefer!r}, but no CUDA device is available")
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def setup(seed: int = 0) -> torch.device:
+    """The first code cell of every chapter: seed, pick the device, say what was chosen."""
+    seed_everything(seed)
+    device = pick_device()
+    mode = "quick mode (COURSE_QUICK=1): experiments shrunk" if QUICK else "full mode"
+    print(f"torch {torch.__version__} · device {device} · {mode} · seed {seed}")
+    return device
+
+
+class CheckFailed(AssertionError):
+    """A visible test found a mistake; the message says which."""
+
+
+def describe(value) -> str:
+    """A short description of a value: shape and dtype for tensors."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def _first_mismatch(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str:
+    bad = ~torch.isclose(got, expected, atol=atol, rtol=rtol, equal_nan=False)
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    diff = (got - expected).abs().max().item()
+    return (
+        f"first mismatch at index {index}: expected {expected[index].item():.6g}, "
+        f"got {got[index].item():.6g}; largest difference {diff:.3g}"
+    )
+
+
+def close(got, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """True when ``got`` is a tensor of ``expected``'s shape and values (NaN never matches)."""
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == expected.shape
+        and bool(torch.allclose(got.detach().to(expected.dtype), expected, atol=atol, rtol=rtol))
+    )
+
+
+def expect_close(
+    got,
+    expected: torch.Tensor,
+    name: str,
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    mistakes: Mapping[str, torch.Tensor] | None = None,
+    hint: str | None = None,
+) -> None:
+    """Fail with a diagnosis unless ``got`` matches ``expected`` (a tensor).
+
+    ``mistakes`` maps a description of a known mistake to the output that mistake would
+    produce; when ``got`` matches one, the message names it.
+    """
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed(f"{name}: expected a tensor, got {describe(got)}")
+    if got.shape != expected.shape:
+        raise CheckFailed(
+            f"{name}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+            + (f". Hint: {hint}" if hint else "")
+        )
+    if close(got, expected, atol, rtol):
+        return
+    for mistake, wrong in (mistakes or {}).items():
+        if wrong.shape == expected.shape and close(got, wrong, atol, rtol):
+            raise CheckFailed(f"{name}: your result matches a known mistake: {mistake}")
+    got = got.detach().to(expected.dtype)
+    message = f"{name}: values differ; " + (
+        "got NaN or inf" if not torch.isfinite(got).all() else _first_mismatch(got, expected, atol, rtol)
+    )
+    raise CheckFailed(message + (f". Hint: {hint}" if hint else ""))
+
+
+def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | None = None, hint: str | None = None) -> None:
+    """Fail unless ``got == expected`` for plain values (ints, strings, tuples).
+
+    ``mistakes`` maps a description of a known mistake to the value it would produce.
+    """
+    if got == expected and isinstance(got, bool) == isinstance(expected, bool):
+        return
+    for mistake, wrong in (mistakes or {}).items():
+        if got == wrong:
+            raise CheckFailed(f"{name}: expected {expected!r}, got {got!r}, which matches a known mistake: {mistake}")
+    raise CheckFailed(
+        f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else "")
+    )
+
+
+def keep_going(name: str, learner: Callable, reference: Callable, check: Callable[[Callable], object]) -> Callable:
+    """``learner`` when ``check(learner)`` runs without error, else ``reference``.
+
+    Later cells use the returned function, so a learner who is stuck can read on. The
+    graded name is never rebound: grading always scores the learner's own function.
+    """
+    try:
+        check(learner)
+    except Exception as error:  # the learner's code may fail in any way
+        print(f"{name}: using the package's reference ({type(error).__name__}: {str(error)[:80]})")
+        return reference
+    print(f"{name}: using your implementation")
+    return learner

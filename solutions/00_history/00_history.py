@@ -1,0 +1,922 @@
+# %% [markdown]
+# # Chapter 00 · From recurrence to attention: a short history
+#
+# **Where this sits on the tee:** the whole shirt. The back graphic is the pipeline of a
+# large language model; this chapter redraws it as the map of the course, and every term
+# of the Tech Band gets a chapter.
+#
+# **You will be able to**
+# - explain what the 2017 Transformer replaced, and measure why it trains faster than a
+#   recurrent network on parallel hardware;
+# - place the milestones from the Transformer to DPO on a timeline;
+# - count the parameters of any model in the course's family from its configuration,
+#   exactly, and explain why published figures differ;
+# - find every Tech Band term in the course.
+#
+# **Prerequisites:** Python, a first acquaintance with PyTorch tensors and matrix
+# products. No earlier chapter.
+#
+# **Time:** about 30 minutes of reading, 45 minutes of exercises.
+#
+# **How the exercises work.** Each exercise has an answer cell (replace
+# `raise NotImplementedError()` with your code), a *visible test* that explains what is
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
+# cell after the tests binds a new name to your function if it works, or to the course's
+# reference if it does not, so you can always read on.
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from tqdm.auto import tqdm
+
+from minillm import course
+
+device = course.setup(seed=0)
+
+# %% [markdown]
+# ## What the 2017 Transformer replaced
+#
+# Before 2017, the best sequence models were **recurrent neural networks** (RNNs, and
+# their gated forms, LSTMs and GRUs). An RNN reads a sequence one position at a time and
+# carries everything it has seen in a hidden state $h_t$:
+#
+# $$h_t = \tanh\left(W_{xh}\, x_t + W_{hh}\, h_{t-1} + b\right), \qquad h_0 = 0.$$
+#
+# The state $h_t$ cannot be computed before $h_{t-1}$: a sequence of $n$ tokens needs $n$
+# steps, one after the other, however many cores the machine has. The Transformer
+# ("Attention Is All You Need", Vaswani et al., 2017) dropped recurrence. Every position
+# looks at every other position through **attention**, which is a handful of matrix
+# products over the whole sequence at once.
+#
+# ### Exercise 1 · An RNN as a loop
+#
+# Implement `rnn_forward`. Weights are stored as `torch.nn.Linear` stores them: `W_xh` has
+# shape `(d_hidden, d_in)`, so $W_{xh} x_t$ is `x_t @ W_xh.T` for a row vector `x_t`.
+# Return every hidden state $h_1, \dots, h_n$, not just the last.
+#
+# Difficulty ●○○ · Importance ●●○ · about 10 minutes
+#
+# <details><summary>Hint 1</summary>Start from <code>h = torch.zeros(batch, d_hidden)</code> and loop over <code>t in range(seq_len)</code>.</details>
+# <details><summary>Hint 2</summary>Collect each <code>h</code> in a list and <code>torch.stack(states, dim=1)</code> at the end, so the sequence axis is axis 1.</details>
+# <details><summary>Hint 3</summary><code>h = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b_h)</code></details>
+
+# %% [markdown]
+# Cells that begin with `#| export` become part of the `minillm` package. This one starts
+# the module `minillm/history.py`; your answer below is the next part of it.
+
+# %%
+#| export minillm/history.py
+"""What the Transformer replaced: a recurrent network and attention, side by side (chapter 00)."""
+import torch
+
+# %%
+#| answer rnn_forward
+#| export minillm/history.py
+def rnn_forward(x: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor, b_h: torch.Tensor) -> torch.Tensor:
+    """Run an Elman RNN over a sequence, one position at a time.
+
+    x: (batch, seq, d_in); W_xh: (d_hidden, d_in); W_hh: (d_hidden, d_hidden); b_h: (d_hidden,).
+    Returns every hidden state, (batch, seq, d_hidden), with h_0 = 0 and
+    h_t = tanh(W_xh x_t + W_hh h_{t-1} + b_h).
+    """
+    ### BEGIN SOLUTION
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (batch, seq, d_in), got {tuple(x.shape)}")
+    batch, seq_len, _ = x.shape
+    h = x.new_zeros(batch, W_hh.shape[0])
+    states = []
+    for t in range(seq_len):
+        h = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b_h)
+        states.append(h)
+    return torch.stack(states, dim=1)
+    ### END SOLUTION
+
+# %%
+#| test rnn_forward_visible points=1
+def _rnn_case():
+    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.5, -0.5]]])  # (1, 3, 2)
+    W_xh = torch.tensor([[0.5, -0.3], [0.2, 0.8]])
+    W_hh = torch.tensor([[0.1, 0.9], [-0.4, 0.3]])
+    b_h = torch.tensor([0.05, -0.1])
+    return x, W_xh, W_hh, b_h
+
+def _rnn_reference(x, W_xh, W_hh, b_h, recur=True, squash=True, transpose_hh=False):
+    h, out = torch.zeros(x.shape[0], W_hh.shape[0]), []
+    W = W_hh.T if transpose_hh else W_hh
+    for t in range(x.shape[1]):
+        pre = x[:, t] @ W_xh.T + (h @ W.T if recur else 0) + b_h
+        h = torch.tanh(pre) if squash else pre
+        out.append(h)
+    return torch.stack(out, dim=1)
+
+x, W_xh, W_hh, b_h = _rnn_case()
+course.expect_close(
+    rnn_forward(x, W_xh, W_hh, b_h),
+    _rnn_reference(x, W_xh, W_hh, b_h),
+    "rnn_forward",
+    mistakes={
+        "the previous state h_{t-1} is never used (no recurrence)": _rnn_reference(x, W_xh, W_hh, b_h, recur=False),
+        "tanh is missing": _rnn_reference(x, W_xh, W_hh, b_h, squash=False),
+        "W_hh is applied transposed (h @ W_hh instead of h @ W_hh.T)": _rnn_reference(x, W_xh, W_hh, b_h, transpose_hh=True),
+    },
+    hint="return all states stacked on axis 1: shape (batch, seq, d_hidden)",
+)
+print("rnn_forward: visible test passed")
+
+# %%
+#| test rnn_forward_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+for batch, seq_len, d_in, d_hidden in [(3, 7, 5, 4), (1, 1, 3, 6), (2, 33, 8, 8)]:
+    reference = torch.nn.RNN(d_in, d_hidden, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        reference.bias_hh_l0.zero_()
+    x = torch.randn(batch, seq_len, d_in, dtype=torch.float64)
+    expected, _ = reference(x)
+    got = rnn_forward(x, reference.weight_ih_l0.detach(), reference.weight_hh_l0.detach(), reference.bias_ih_l0.detach())
+    course.expect_close(got, expected.detach(), f"rnn_forward at {(batch, seq_len, d_in, d_hidden)}", atol=1e-10, rtol=1e-8)
+# causality: changing the last input leaves every earlier state unchanged
+x2 = x.clone()
+x2[:, -1] += 1.0
+got2 = rnn_forward(x2, reference.weight_ih_l0.detach(), reference.weight_hh_l0.detach(), reference.bias_ih_l0.detach())
+assert torch.equal(got2[:, :-1], got[:, :-1]), "an input changed states before it"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Keep going: the next cell binds `rnn` to your `rnn_forward` when it works, else to the
+# course's reference.
+
+# %%
+from minillm import history as reference_history
+
+rnn = course.keep_going(
+    "rnn_forward", rnn_forward, reference_history.rnn_forward,
+    check=lambda f: course.expect_close(f(*_rnn_case()), _rnn_reference(*_rnn_case()), "rnn_forward"),
+)
+
+# %% [markdown]
+# ### Exercise 2 · Attention as matrix products
+#
+# The simplest self-attention has no learned weights at all. Each position $i$ scores
+# every position $j$ by the dot product of their vectors, turns the scores into weights
+# with a softmax over $j$, and returns the weighted average of the vectors:
+#
+# $$\operatorname{Attention}(X) = \operatorname{softmax}\!\left(\frac{X X^\top}{\sqrt{d}}\right) X,
+# \qquad X \in \mathbb{R}^{n \times d}.$$
+#
+# The division by $\sqrt{d}$ keeps the scores from growing with the width; chapter 04
+# measures why that matters. Write it for a batch, with two matrix products and one
+# softmax, and no loop over positions.
+#
+# Difficulty ●○○ · Importance ●●● · about 10 minutes
+#
+# <details><summary>Hint 1</summary>For <code>x</code> of shape <code>(batch, n, d)</code>, <code>x @ x.transpose(-2, -1)</code> has shape <code>(batch, n, n)</code>: row <i>i</i> holds the scores of query <i>i</i>.</details>
+# <details><summary>Hint 2</summary>Each row of weights must sum to 1: the softmax runs over the last dimension, the keys.</details>
+# <details><summary>Hint 3</summary><code>torch.softmax(x @ x.transpose(-2, -1) / math.sqrt(d), dim=-1) @ x</code></details>
+
+# %%
+#| answer self_attention
+#| export minillm/history.py
+def self_attention(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free scaled dot-product self-attention.
+
+    x: (batch, seq, d). Returns softmax(x x^T / sqrt(d)) x, shape (batch, seq, d).
+    """
+    ### BEGIN SOLUTION
+    d = x.shape[-1]
+    scores = x @ x.transpose(-2, -1) / d**0.5
+    return torch.softmax(scores, dim=-1) @ x
+    ### END SOLUTION
+
+# %%
+#| test self_attention_visible points=1
+def _attention_case():
+    return torch.tensor([[[1.0, 0.0, 2.0], [0.0, 1.0, -1.0], [1.0, 1.0, 0.0], [0.5, -2.0, 1.0]]])  # (1, 4, 3)
+
+x = _attention_case()
+scores = x @ x.transpose(-2, -1)
+course.expect_close(
+    self_attention(x),
+    torch.softmax(scores / math.sqrt(3), dim=-1) @ x,
+    "self_attention",
+    mistakes={
+        "the scale 1/sqrt(d) is missing": torch.softmax(scores, dim=-1) @ x,
+        "divided by d instead of sqrt(d)": torch.softmax(scores / 3, dim=-1) @ x,
+        "softmax over the wrong dimension (columns sum to 1, rows do not)": torch.softmax(scores / math.sqrt(3), dim=-2) @ x,
+        "the softmax is missing": (scores / math.sqrt(3)) @ x,
+    },
+)
+print("self_attention: visible test passed")
+
+# %%
+#| test self_attention_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+import torch.nn.functional as F
+for shape, dtype in [((2, 5, 8), torch.float64), ((1, 1, 4), torch.float32), ((3, 17, 16), torch.float32)]:
+    x = torch.randn(*shape, dtype=dtype)
+    course.expect_close(self_attention(x), F.scaled_dot_product_attention(x, x, x), f"self_attention {shape} {dtype}", atol=1e-5)
+# large inputs must not overflow to NaN
+x = 30 * torch.randn(2, 6, 8)
+out = self_attention(x)
+assert torch.isfinite(out).all(), "self_attention returned NaN or inf for large inputs"
+course.expect_close(out, F.scaled_dot_product_attention(x, x, x), "self_attention, large inputs", atol=1e-4)
+# permutation equivariance: attention has no notion of order
+perm = torch.randperm(6)
+course.expect_close(self_attention(x[:, perm]), out[:, perm], "self_attention is permutation-equivariant", atol=1e-4)
+### END HIDDEN TESTS
+
+# %%
+attend = course.keep_going(
+    "self_attention", self_attention, reference_history.self_attention,
+    check=lambda f: course.expect_close(f(_attention_case()), reference_history.self_attention(_attention_case()), "self_attention"),
+)
+
+# %% [markdown]
+# ### Counting sequential steps
+#
+# How many operations must run one after the other? PyTorch lets us watch every torch
+# function a piece of code calls (`torch.overrides.TorchFunctionMode`). Counting the calls
+# of each function, for growing sequence lengths, exposes its structure: the RNN's count
+# grows with $n$, because each step is a separate small operation that waits for the one
+# before; the attention's count does not.
+
+# %%
+class CountTorchCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions called inside a ``with`` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_calls(fn, *args) -> int:
+    with CountTorchCalls() as counter:
+        fn(*args)
+    return counter.calls
+
+
+d = 32
+W_xh, W_hh, b_h = torch.randn(d, d) / d**0.5, torch.randn(d, d) / d**0.5, torch.zeros(d)
+for n in (8, 64, 512):
+    x = torch.randn(1, n, d)
+    print(f"n = {n:4d}: RNN {count_calls(rnn, x, W_xh, W_hh, b_h):6d} torch calls, "
+          f"attention {count_calls(attend, x):3d} torch calls")
+
+# %% [markdown]
+# Counting calls says nothing yet about time: attention does $O(n^2 d)$ arithmetic, the
+# RNN only $O(n d^2)$. So let us time both on this machine, for growing $n$. The RNN pays
+# for $n$ dependent steps; attention pays for more arithmetic, done in a few large matrix
+# products that use every core and vector unit.
+
+# %%
+def median_seconds(fn, *args, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+lengths = [32, 64, 128, 256] if course.QUICK else [32, 64, 128, 256, 512, 1024, 2048]
+rnn_seconds, attention_seconds = [], []
+with torch.no_grad():
+    for n in tqdm(lengths, desc="timing"):
+        x = torch.randn(1, n, d)
+        rnn_seconds.append(median_seconds(rnn, x, W_xh, W_hh, b_h))
+        attention_seconds.append(median_seconds(attend, x))
+
+fig, ax = plt.subplots(figsize=(6.5, 4))
+ax.loglog(lengths, [s * 1e3 for s in rnn_seconds], "o-", label="RNN, a loop over positions")
+ax.loglog(lengths, [s * 1e3 for s in attention_seconds], "s-", label="attention, matrix products")
+ax.set_xlabel("sequence length n (tokens)")
+ax.set_ylabel("time per forward pass (ms)")
+ax.set_title(f"One layer, d = {d}, batch 1, on {device}")
+ax.legend()
+plt.show()
+for n, r, a in zip(lengths, rnn_seconds, attention_seconds):
+    print(f"n = {n:5d}: the RNN loop takes {r / a:6.1f}x the time of attention")
+
+# %% [markdown]
+# The RNN's time grows in proportion to $n$ from the start: every step is a tiny matrix
+# product plus the overhead of launching one more operation. Attention's time stays
+# nearly flat while the whole computation is a few large products, so at short and
+# medium lengths the loop is many times slower (the printed ratios). At the longest
+# lengths attention's $n^2$ arithmetic catches up, and on a two-core CPU it can overtake
+# the loop. On a GPU, with thousands of cores to fill, the balance tips much further
+# towards attention. That is the trade the Transformer made: more arithmetic, but no chain of $n$
+# dependent steps, so training on long sequences parallelizes.
+#
+# ### Written question 1
+#
+# Attention costs $O(n^2 d)$ arithmetic per layer and an RNN $O(n d^2)$. For
+# $n = 512$ and $d = 512$ the two are equal, yet the Transformer trained much faster
+# than the recurrent models of 2017. In three to five sentences, explain why, and name
+# one cost the Transformer pays that the RNN does not.
+
+# %% [markdown]
+# #| written why_attention_trains_faster points=2
+# ### BEGIN SOLUTION
+# *Model answer.* Training time is set by how long the longest chain of dependent
+# operations is, and by how well the hardware is used, not by the arithmetic count alone.
+# An RNN must compute $h_1, h_2, \dots, h_n$ one after the other: $n$ sequential steps,
+# each a small matrix-vector product that leaves most of a GPU idle. Attention computes
+# all positions at once in a few large matrix products (a constant number of sequential
+# steps per layer), which run near the hardware's peak. The cost: attention's memory and
+# time grow as $n^2$ with the context, and at generation time it must keep (or recompute)
+# the keys and values of every earlier token, where an RNN carries a fixed-size state.
+#
+# *Grading:* 1 point for the sequential dependency / parallelism argument, 1 point for a
+# correct cost (quadratic memory or time in n, or the growing KV cache at inference).
+# ### END SOLUTION
+
+# %% [markdown]
+# ## The milestones
+#
+# Six years separate the Transformer from the techniques that make today's chat models.
+# Each milestone below is a chapter of this course.
+
+# %%
+#| export minillm/history.py
+MILESTONES = (
+    # (year, name, what it brought, chapter)
+    (2017, "Transformer", "attention replaces recurrence; encoder-decoder", "04"),
+    (2017, "Sparsely-gated MoE", "many experts, a router picks a few per token", "11"),
+    (2018, "GPT", "decoder-only, generative pre-training", "07"),
+    (2018, "BERT", "encoder-only, masked-language-model pre-training", "07"),
+    (2019, "GPT-2", "1.5B parameters, zero-shot tasks", "07"),
+    (2020, "Scaling laws", "loss falls as a power law in parameters, data, compute", "08"),
+    (2020, "GPT-3", "175B parameters, few-shot learning in context", "08"),
+    (2021, "RoPE", "rotary position embeddings", "03"),
+    (2021, "LoRA", "fine-tuning through low-rank adapters", "12"),
+    (2022, "FlashAttention", "exact attention, tiled to the memory hierarchy", "10"),
+    (2022, "RLHF (InstructGPT)", "reward model + reinforcement learning from human preferences", "13"),
+    (2023, "DPO", "preference alignment without a reward model", "13"),
+)
+
+# %%
+from minillm.history import MILESTONES
+
+fig, ax = plt.subplots(figsize=(9, 4.2))
+years = sorted({year for year, *_ in MILESTONES})
+row_of_year = {year: 0 for year in years}
+for year, name, _, chapter in MILESTONES:
+    row = row_of_year[year]
+    row_of_year[year] += 1
+    height = 0.6 + 0.55 * row
+    ax.vlines(year, 0, height, color="0.6", linewidth=1)
+    ax.plot(year, 0, "o", color="C0")
+    ax.annotate(f"{name}\n(ch. {chapter})", (year, height), ha="center", va="bottom", fontsize=8.5)
+ax.axhline(0, color="0.3", linewidth=1)
+ax.set_ylim(-0.3, 2.6)
+ax.set_xlim(2016.4, 2023.6)
+ax.set_yticks([])
+ax.set_xlabel("year of publication")
+ax.set_title("From the Transformer to DPO: each milestone and the chapter that teaches it")
+for side in ("left", "right", "top"):
+    ax.spines[side].set_visible(False)
+plt.show()
+
+# %% [markdown]
+# Two branches split in 2018: **GPT** kept only the Transformer's decoder (each token sees
+# only the tokens before it, so the model can generate), **BERT** kept only the encoder
+# (each token sees the whole sentence, good for understanding, unable to generate). The
+# chat models of today descend from the GPT branch, with the refinements of 2020–2023
+# layered on top.
+#
+# ## Model sizes through history
+#
+# A Transformer's shape is fixed by a handful of numbers: the vocabulary size $V$, the
+# context length $C$, the width $d$ (`d_model`), the number of layers $L$, of heads $h$,
+# and the hidden width $d_{ff}$ of the feed-forward network. A few switches say which
+# variant is built: learned or computed positions, LayerNorm or RMSNorm, GELU or SwiGLU,
+# biases or none, an output head tied to the embedding or separate. `ModelConfig` holds
+# them all; later chapters build real models from it.
+
+# %%
+#| export minillm/config.py
+"""Model shapes and their exact parameter counts (chapter 00)."""
+from dataclasses import dataclass, field
+
+CHOICES = {
+    "architecture": ("decoder", "encoder", "encoder-decoder"),
+    "positions": ("learned", "sinusoidal", "rope", "alibi"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_placement": ("pre", "post"),
+    "ffn": ("gelu", "relu", "swiglu"),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The hyper-parameters that fix a Transformer's shape, hence its parameter count.
+
+    ``n_kv_heads`` defaults to ``n_heads`` (multi-head attention); fewer gives grouped-query
+    attention. ``d_ff`` is the real hidden width of the feed-forward network. An
+    ``encoder-decoder`` model has ``n_layers`` encoder and ``n_decoder_layers`` decoder
+    layers; the decoder layers add cross-attention and a third norm.
+    """
+
+    name: str = "custom"
+    vocab_size: int = 50257
+    context_length: int = 1024
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int = 3072
+    n_kv_heads: int | None = None
+    architecture: str = "decoder"
+    n_decoder_layers: int = 0
+    positions: str = "learned"
+    norm: str = "layernorm"
+    norm_placement: str = "pre"
+    ffn: str = "gelu"
+    bias: bool = True
+    tie_embeddings: bool = True
+    final_norm: bool = True
+    embedding_norm: bool = False
+    n_token_types: int = 0
+    pooler: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        if (self.architecture == "encoder-decoder") != (self.n_decoder_layers > 0):
+            raise ValueError("n_decoder_layers must be > 0 exactly when architecture is 'encoder-decoder', "
+                             f"got {self.n_decoder_layers} with {self.architecture!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, d_model // n_heads."""
+        return self.d_model // self.n_heads
+
+
+def norm_parameters(config: ModelConfig) -> int:
+    """Parameters of one normalization layer: a scale, plus a shift for LayerNorm with biases."""
+    has_shift = config.norm == "layernorm" and config.bias
+    return config.d_model * (2 if has_shift else 1)
+
+# %% [markdown]
+# ### Exercise 3 · Parameters of one attention layer
+#
+# An attention layer has four projections, each a `torch.nn.Linear`:
+#
+# - $W_Q$: $d \to d$ (one query per head, $h$ heads of width $d/h$);
+# - $W_K$ and $W_V$: $d \to n_{kv} \cdot d/h$ (with grouped-query attention, fewer
+#   key/value heads than query heads; chapter 04);
+# - $W_O$: $d \to d$, mixing the heads' outputs.
+#
+# A linear map from $m$ to $k$ features has $k m$ weights, plus $k$ biases when
+# `config.bias` is true. Return the total.
+#
+# Difficulty ●○○ · Importance ●●○ · about 8 minutes
+#
+# <details><summary>Hint 1</summary>Compute <code>kv_width = config.n_kv_heads * config.head_dim</code> first.</details>
+# <details><summary>Hint 2</summary>Weights: <code>2 * d * d + 2 * d * kv_width</code>. Biases, when present: <code>2 * d + 2 * kv_width</code>.</details>
+
+# %%
+#| answer attention_parameters
+#| export minillm/config.py
+def attention_parameters(config: ModelConfig) -> int:
+    """Parameters of one attention layer: Q, K, V and output projections, with biases if any."""
+    ### BEGIN SOLUTION
+    d = config.d_model
+    kv_width = config.n_kv_heads * config.head_dim
+    weights = 2 * d * d + 2 * d * kv_width
+    biases = 2 * d + 2 * kv_width if config.bias else 0
+    return weights + biases
+    ### END SOLUTION
+
+# %%
+#| test attention_parameters_visible points=1
+gpt2_small = ModelConfig(name="gpt2")
+course.expect_equal(
+    attention_parameters(gpt2_small), 4 * 768 * 768 + 4 * 768, "attention_parameters(GPT-2 small)",
+    mistakes={
+        "biases are missing": 4 * 768 * 768,
+        "the output projection W_O is missing": 3 * 768 * 768 + 3 * 768,
+        "one head's width (d/h) used instead of d": 4 * 768 * 64 + 4 * 64,
+    },
+)
+print("attention_parameters: visible test passed")
+
+# %%
+#| test attention_parameters_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+def _count(module):
+    return sum(p.numel() for p in module.parameters())
+
+for d, h, bias in [(64, 4, True), (96, 3, False), (512, 8, True)]:
+    cfg = ModelConfig(d_model=d, n_heads=h, d_ff=4 * d, bias=bias)
+    course.expect_equal(attention_parameters(cfg), _count(torch.nn.MultiheadAttention(d, h, bias=bias)), f"attention_parameters d={d} h={h} bias={bias}")
+# grouped-query attention: K and V have n_kv_heads heads
+for d, h, kv, bias in [(8192, 64, 8, False), (128, 8, 2, True), (96, 6, 1, True)]:
+    cfg = ModelConfig(d_model=d, n_heads=h, n_kv_heads=kv, d_ff=4 * d, bias=bias)
+    kv_width = kv * (d // h)
+    layers = [torch.nn.Linear(d, d, bias=bias, device="meta"), torch.nn.Linear(d, kv_width, bias=bias, device="meta"),
+              torch.nn.Linear(d, kv_width, bias=bias, device="meta"), torch.nn.Linear(d, d, bias=bias, device="meta")]
+    course.expect_equal(attention_parameters(cfg), sum(_count(layer) for layer in layers), f"attention_parameters with GQA d={d} h={h} kv={kv}")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 4 · Parameters of one feed-forward network
+#
+# The position-wise feed-forward network (chapter 05) comes in two shapes:
+#
+# - **GELU or ReLU:** $\mathrm{FFN}(x) = W_2\, \phi(W_1 x + b_1) + b_2$ with
+#   $W_1: d \to d_{ff}$ and $W_2: d_{ff} \to d$;
+# - **SwiGLU:** $\mathrm{FFN}(x) = W_2\,\big(\mathrm{SiLU}(W_1 x) \odot W_3 x\big)$, with
+#   two input projections $W_1, W_3: d \to d_{ff}$ and one output projection
+#   $W_2: d_{ff} \to d$, each with a bias when `config.bias` is true.
+#
+# Return the parameter count for `config.ffn` in `("gelu", "relu", "swiglu")`.
+#
+# Difficulty ●○○ · Importance ●●○ · about 8 minutes
+#
+# <details><summary>Hint 1</summary>Count the linear maps: two for GELU and ReLU, three for SwiGLU.</details>
+# <details><summary>Hint 2</summary>Each input projection has <code>d * d_ff</code> weights and <code>d_ff</code> biases; the output projection <code>d_ff * d</code> weights and <code>d</code> biases.</details>
+
+# %%
+#| answer ffn_parameters
+#| export minillm/config.py
+def ffn_parameters(config: ModelConfig) -> int:
+    """Parameters of one feed-forward network (GELU/ReLU: 2 linear maps; SwiGLU: 3)."""
+    ### BEGIN SOLUTION
+    d, d_ff = config.d_model, config.d_ff
+    n_inputs = 2 if config.ffn == "swiglu" else 1
+    weights = (n_inputs + 1) * d * d_ff
+    biases = n_inputs * d_ff + d if config.bias else 0
+    return weights + biases
+    ### END SOLUTION
+
+# %%
+#| test ffn_parameters_visible points=1
+course.expect_equal(
+    ffn_parameters(gpt2_small), 2 * 768 * 3072 + 3072 + 768, "ffn_parameters(GPT-2 small)",
+    mistakes={"biases are missing": 2 * 768 * 3072, "only one bias vector counted": 2 * 768 * 3072 + 3072},
+)
+swiglu = ModelConfig(d_model=64, n_heads=4, d_ff=172, ffn="swiglu", bias=False)
+course.expect_equal(
+    ffn_parameters(swiglu), 3 * 64 * 172, "ffn_parameters(SwiGLU, no bias)",
+    mistakes={"SwiGLU counted with two linear maps instead of three": 2 * 64 * 172},
+)
+print("ffn_parameters: visible test passed")
+
+# %%
+#| test ffn_parameters_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+def _linear_count(shapes, bias):
+    return sum(_count(torch.nn.Linear(i, o, bias=bias, device="meta")) for i, o in shapes)
+
+for d, d_ff, ffn, bias in [(48, 200, "relu", True), (96, 256, "gelu", False), (80, 216, "swiglu", True), (4096, 11008, "swiglu", False)]:
+    cfg = ModelConfig(d_model=d, n_heads=4, d_ff=d_ff, ffn=ffn, bias=bias)
+    shapes = [(d, d_ff), (d_ff, d)] + ([(d, d_ff)] if ffn == "swiglu" else [])
+    course.expect_equal(ffn_parameters(cfg), _linear_count(shapes, bias), f"ffn_parameters {ffn} d={d} d_ff={d_ff} bias={bias}")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# A whole layer (a *block*) is an attention layer, a feed-forward network and two norms;
+# a decoder layer of an encoder-decoder model adds cross-attention over the encoder's
+# output, with a third norm. This function is given.
+
+# %%
+#| export minillm/config.py
+def block_parameters(config: ModelConfig, cross_attention: bool = False) -> int:
+    """Parameters of one Transformer layer: attention, FFN and their norms (plus cross-attention)."""
+    n_attention = 2 if cross_attention else 1
+    return (
+        n_attention * attention_parameters(config)
+        + ffn_parameters(config)
+        + (n_attention + 1) * norm_parameters(config)
+    )
+
+# %% [markdown]
+# ### Exercise 5 · Count a whole model
+#
+# Add up every parameter of the model `config` describes:
+#
+# | part | parameters |
+# | --- | --- |
+# | token embedding | $V d$ |
+# | learned positions (only when `positions == "learned"`) | $C d$ |
+# | token-type embedding (BERT's sentence A/B) | `n_token_types` $\cdot\, d$ |
+# | a norm right after the embeddings (`embedding_norm`) | `norm_parameters` |
+# | the layers | $L$ blocks, plus `n_decoder_layers` blocks with cross-attention |
+# | final norm (`final_norm`): one per stack (two for an encoder-decoder) | `norm_parameters` each |
+# | output head, only when *not* tied to the embedding | $V d$ |
+# | BERT's pooler (`pooler`) | $d^2 + d$ |
+#
+# Sinusoidal, RoPE and ALiBi positions are computed, not learned: they add nothing.
+#
+# Difficulty ●●○ · Importance ●●● · about 15 minutes
+#
+# <details><summary>Hint 1</summary>Go down the table, one <code>if</code> per optional row; call <code>block_parameters(config)</code> and <code>block_parameters(config, cross_attention=True)</code>.</details>
+# <details><summary>Hint 2</summary>The number of stacks is 2 for <code>"encoder-decoder"</code>, else 1.</details>
+
+# %%
+#| answer count_parameters
+#| export minillm/config.py
+def count_parameters(config: ModelConfig) -> int:
+    """Exact number of parameters of the model ``config`` describes (tied weights counted once)."""
+    ### BEGIN SOLUTION
+    d = config.d_model
+    total = config.vocab_size * d + config.n_token_types * d
+    if config.positions == "learned":
+        total += config.context_length * d
+    if config.embedding_norm:
+        total += norm_parameters(config)
+    total += config.n_layers * block_parameters(config)
+    total += config.n_decoder_layers * block_parameters(config, cross_attention=True)
+    if config.final_norm:
+        stacks = 2 if config.architecture == "encoder-decoder" else 1
+        total += stacks * norm_parameters(config)
+    if not config.tie_embeddings:
+        total += config.vocab_size * d
+    if config.pooler:
+        total += d * d + d
+    return total
+    ### END SOLUTION
+
+# %%
+#| test count_parameters_visible points=1
+expected = 124_439_808  # GPT2LMHeadModel from the `transformers` library, counted
+course.expect_equal(
+    count_parameters(gpt2_small), expected, "count_parameters(GPT-2 small)",
+    mistakes={
+        "the output head counted though it is tied to the embedding": expected + 50257 * 768,
+        "learned positions are missing": expected - 1024 * 768,
+        "the final norm is missing": expected - 2 * 768,
+        "the embeddings are missing": expected - 50257 * 768 - 1024 * 768,
+    },
+)
+print("count_parameters: visible test passed")
+
+# %%
+#| test count_parameters_hidden points=3
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+# Independent counts: BertModel and LlamaForCausalLM from `transformers` (checked in the
+# course's test suite), and torch.nn.Transformer built below.
+bert = ModelConfig(vocab_size=30522, context_length=512, norm_placement="post", final_norm=False,
+                   embedding_norm=True, n_token_types=2, pooler=True, architecture="encoder")
+course.expect_equal(count_parameters(bert), 109_482_240, "count_parameters(BERT-base)")
+llama = ModelConfig(vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32, d_ff=11008,
+                    positions="rope", norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=False)
+course.expect_equal(count_parameters(llama), 6_738_415_616, "count_parameters(Llama-style 7B)")
+for d, h, layers, d_ff, vocab in [(64, 4, 2, 128, 100), (96, 6, 3, 200, 57)]:
+    cfg = ModelConfig(vocab_size=vocab, d_model=d, n_heads=h, n_layers=layers, n_decoder_layers=layers, d_ff=d_ff,
+                      architecture="encoder-decoder", positions="sinusoidal", norm_placement="post", ffn="relu")
+    with torch.device("meta"):
+        built = torch.nn.Transformer(d, h, layers, layers, d_ff, batch_first=True)
+    course.expect_equal(count_parameters(cfg), _count(built) + vocab * d, f"count_parameters(encoder-decoder d={d})")
+### END HIDDEN TESTS
+
+# %%
+from minillm import config as reference_config
+
+count = course.keep_going(
+    "count_parameters", count_parameters, reference_config.count_parameters,
+    check=lambda f: course.expect_equal(f(gpt2_small), 124_439_808, "count_parameters"),
+)
+
+# %% [markdown]
+# ### Famous models, counted
+#
+# The presets below describe famous models with the published shapes. The count is exact:
+# the course's tests build each model (`transformers`' GPT-2, BERT and Llama classes and
+# `torch.nn.Transformer`, on PyTorch's `meta` device, which allocates no memory) and check
+# that `count_parameters` equals the number of parameters of the built model.
+
+# %%
+#| export minillm/config.py
+GPT2_SIZES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large": (1280, 36, 20), "gpt2-xl": (1600, 48, 25)}
+
+
+def _gpt2(name: str, d: int, layers: int, heads: int, context: int = 1024) -> ModelConfig:
+    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context)
+
+
+PRESETS = {
+    "transformer-base": ModelConfig(
+        name="transformer-base", vocab_size=37000, context_length=512, d_model=512, n_layers=6, n_heads=8,
+        d_ff=2048, architecture="encoder-decoder", n_decoder_layers=6, positions="sinusoidal",
+        norm_placement="post", ffn="relu"),
+    "gpt1": ModelConfig(
+        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False),
+    "bert-base": ModelConfig(
+        name="bert-base", vocab_size=30522, context_length=512, architecture="encoder", norm_placement="post",
+        final_norm=False, embedding_norm=True, n_token_types=2, pooler=True),
+    **{name: _gpt2(name, *shape) for name, shape in GPT2_SIZES.items()},
+    "gpt3-175b": _gpt2("gpt3-175b", 12288, 96, 96, context=2048),
+    "llama-7b": ModelConfig(
+        name="llama-7b", vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+        d_ff=11008, positions="rope", norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=False),
+}
+
+# Year and parameter count as the papers state them, for comparison with the exact counts.
+PUBLISHED = {
+    "transformer-base": (2017, 65e6),
+    "gpt1": (2018, 117e6),
+    "bert-base": (2018, 110e6),
+    "gpt2": (2019, 117e6),
+    "gpt2-medium": (2019, 345e6),
+    "gpt2-large": (2019, 762e6),
+    "gpt2-xl": (2019, 1542e6),
+    "gpt3-175b": (2020, 175e9),
+    "llama-7b": (2023, 6.7e9),
+}
+
+# %%
+#| stable
+from minillm.config import PRESETS, PUBLISHED
+
+print(f"{'model':18s} {'year':>4s} {'counted':>17s} {'published':>11s} {'ratio':>6s}")
+for name, cfg in PRESETS.items():
+    year, published = PUBLISHED[name]
+    counted = count(cfg)
+    print(f"{name:18s} {year:4d} {counted:17,d} {published / 1e6:10,.0f}M {counted / published:6.3f}")
+
+# %% [markdown]
+# Most published figures are the exact count, rounded. Two stand out:
+#
+# - **GPT-2 small: 124M counted, 117M published.** The GPT-2 paper lists 117M, the same
+#   number as GPT-1. Subtracting the two configurations explains the whole gap: GPT-2's
+#   larger vocabulary adds $(50{,}257 - 40{,}478) \times 768 = 7{,}510{,}272$ embedding
+#   weights, its longer context $(1024 - 512) \times 768 = 393{,}216$ position weights, and
+#   its final LayerNorm $1{,}536$; in all $7{,}905{,}024$, exactly the difference between
+#   the two counts (the next cell checks it). The paper's figure was GPT-1's count, not
+#   recounted. The other GPT-2 sizes are off for the same reasons.
+# - **Transformer base: 63M counted, 65M published.** The paper's vocabulary depends on
+#   the language pair; our preset uses the 37,000 shared tokens of English–German, one
+#   embedding matrix shared by encoder, decoder and output (as the paper describes), and
+#   the two final norms of `torch.nn.Transformer`. The published figure is rounded from a
+#   configuration we cannot reconstruct exactly.
+
+# %%
+#| stable
+gap = count(PRESETS["gpt2"]) - count(PRESETS["gpt1"])
+explained = (50257 - 40478) * 768 + (1024 - 512) * 768 + 2 * 768
+print(f"GPT-2 small minus GPT-1: {gap:,d} parameters; vocabulary + context + final norm: {explained:,d}")
+assert gap == explained
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for name, cfg in PRESETS.items():
+    year, published = PUBLISHED[name]
+    ax.scatter(year, count(cfg), color="C0", zorder=3)
+    ax.annotate(name, (year, count(cfg)), textcoords="offset points", xytext=(6, -3), fontsize=8.5)
+ax.set_yscale("log")
+ax.set_xlabel("year of publication")
+ax.set_ylabel("parameters (exact count, log scale)")
+ax.set_title("Model size grew about 2,800-fold from 2017 to 2020")
+ax.set_xlim(2016.5, 2024.2)
+ax.grid(True, which="major", alpha=0.3)
+plt.show()
+
+# %% [markdown]
+# On a log scale the growth from 2017 to 2020 is close to a straight line: more than ten times
+# more parameters every year (about 14-fold), from 63 million to 175 billion. Chapter 08 asks what that
+# growth buys (the scaling laws) and chapter 07 trains a model of about a million
+# parameters on this laptop.
+#
+# Where do the parameters live? For the small models the embedding matrix is a large
+# share; as $d$ grows the layers dominate, because each layer grows as $d^2$ and the
+# embedding only as $d$.
+
+# %%
+#| stable
+for name in ("gpt2", "gpt2-xl", "gpt3-175b", "llama-7b"):
+    cfg = PRESETS[name]
+    layers = cfg.n_layers * reference_config.block_parameters(cfg)
+    ffns = cfg.n_layers * reference_config.ffn_parameters(cfg)
+    print(f"{name:10s}: layers {layers / count(cfg):6.1%} of all parameters, "
+          f"feed-forward networks {ffns / count(cfg):6.1%}")
+
+# %% [markdown]
+# ## The tee as the course map
+#
+# The back of the tee draws the pipeline every chapter builds a piece of. Here it is
+# again, each stage labelled with the chapter that implements it.
+
+# %%
+from matplotlib.patches import FancyBboxPatch
+
+stages = [
+    ("text\n\"Code is art...\"", "", "0.92"),
+    ("tokenizer (BPE)\n→ token ids", "01", "#cfe2f3"),
+    ("token embedding", "02", "#cfe2f3"),
+    ("+ positions\n(sinusoid, RoPE, ALiBi)", "03", "#cfe2f3"),
+    ("multi-head attention\n(Q, K, V; softmax)", "04", "#f4cccc"),
+    ("Add & Norm", "06", "#fff2cc"),
+    ("feed-forward (FFN)", "05", "#f4cccc"),
+    ("Add & Norm", "06", "#fff2cc"),
+    ("linear → softmax\n→ sample next token", "07", "#d9ead3"),
+]
+fig, ax = plt.subplots(figsize=(10, 3.6))
+width, gap = 1.0, 0.18
+for i, (label, chapter, colour) in enumerate(stages):
+    x0 = i * (width + gap)
+    ax.add_patch(FancyBboxPatch((x0, 0), width, 1.2, boxstyle="round,pad=0.03", facecolor=colour, edgecolor="0.3"))
+    ax.text(x0 + width / 2, 0.6, label, ha="center", va="center", fontsize=7.5)
+    if chapter:
+        ax.text(x0 + width / 2, -0.25, f"ch. {chapter}", ha="center", fontsize=8, color="0.25")
+    if i:
+        ax.annotate("", (x0, 0.6), (x0 - gap, 0.6), arrowprops={"arrowstyle": "->"})
+block_start, block_end = 4 * (width + gap) - 0.08, 8 * (width + gap) - gap + 0.08
+ax.add_patch(FancyBboxPatch((block_start, -0.05), block_end - block_start, 1.3, boxstyle="round,pad=0.04",
+                            fill=False, linestyle="--", edgecolor="C3"))
+ax.text((block_start + block_end) / 2, 1.45, "× N layers: the Transformer block (ch. 04–06)", ha="center", color="C3")
+ax.text(len(stages) * (width + gap) / 2, -0.7, "speed and scale: ch. 08 scaling · 09 KV cache · 10 FlashAttention · 11 MoE"
+        "   ·   adapting: ch. 12 LoRA · 13 DPO", ha="center", fontsize=8.5)
+ax.set_xlim(-0.2, len(stages) * (width + gap))
+ax.set_ylim(-0.9, 1.7)
+ax.axis("off")
+ax.set_title("The tee's back graphic: the LLM pipeline, one chapter per stage")
+plt.show()
+
+# %% [markdown]
+# The **Tech Band** prints twenty terms. Each is taught in one chapter, in a section of
+# that name, and lives in `minillm` under the symbol shown. (The course's tests check that
+# this index is complete, and that each section and symbol exists once its chapter does.)
+
+# %%
+#| stable
+from minillm.coursemap import TECH_BAND
+
+for term in TECH_BAND:
+    print(f"{term.term:20s} ch. {term.slug:24s} § {term.section:40s} {term.symbol}")
+
+# %% [markdown]
+# ## Tee check
+#
+# > **The shirt:** the left sleeve draws *the* Transformer layer: MHA → Add & Norm →
+# > Dense → GELU/ReLU → Dense → Add & Norm, and the back graphic stacks it into an LLM.
+#
+# **What is right:** that is exactly the 2017 encoder layer, and every model in this
+# chapter is a stack of layers with these two sub-layers.
+#
+# **What is loose:** the sleeve draws an *encoder* layer: post-norm (normalize after the
+# residual add) and bidirectional (every token sees every other). A GPT-style LLM runs a
+# *decoder* layer: a causal mask, so each token sees only the past, and, since GPT-2,
+# pre-norm (normalize before each sub-layer). Neither difference shows in the parameter
+# count, which is why the drawing can pass for both: measured below, the sleeve's layer
+# and a GPT-2 layer of the same width have exactly the same parameters. What differs is
+# which tokens attend to which (chapter 04) and where the norm sits (chapter 06, where
+# post-norm stacks fail to train without warm-up).
+
+# %%
+#| stable
+sleeve = ModelConfig(architecture="encoder", norm_placement="post")
+gpt2_layer = ModelConfig(architecture="decoder", norm_placement="pre")
+print(f"sleeve's encoder layer (post-norm, bidirectional): {reference_config.block_parameters(sleeve):,d} parameters")
+print(f"GPT-2 decoder layer    (pre-norm, causal):         {reference_config.block_parameters(gpt2_layer):,d} parameters")
+for name, cfg in PRESETS.items():
+    print(f"{name:18s} {cfg.architecture:16s} {cfg.norm_placement}-norm  {cfg.norm:9s} {cfg.ffn:6s} positions: {cfg.positions}")
+
+# %% [markdown]
+# ## What `minillm` gained
+#
+# - `minillm.config`: `ModelConfig`, the presets of famous models, `count_parameters`
+#   (your Exercises 3–5), checked against the built models in the test suite;
+# - `minillm.history`: `rnn_forward` and `self_attention` (Exercises 1–2) and the
+#   milestones.
+#
+# Every later chapter imports `ModelConfig`; chapter 07's `GPTConfig` extends it, and the
+# tests check that `count_parameters` equals the parameter count of the built `GPT`.
+#
+# ## Further reading
+#
+# - Elman, *Finding Structure in Time* (1990): the simple recurrent network.
+# - Hochreiter & Schmidhuber, *Long Short-Term Memory* (1997).
+# - Bahdanau, Cho & Bengio, *Neural Machine Translation by Jointly Learning to Align and Translate* (2014): attention on top of an RNN.
+# - Vaswani et al., *Attention Is All You Need* (2017).
+# - Radford et al., *Improving Language Understanding by Generative Pre-Training* (2018) — GPT.
+# - Devlin et al., *BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding* (2018).
+# - Radford et al., *Language Models are Unsupervised Multitask Learners* (2019) — GPT-2.
+# - Kaplan et al., *Scaling Laws for Neural Language Models* (2020); Brown et al., *Language Models are Few-Shot Learners* (2020) — GPT-3.
+# - Su et al., *RoFormer: Enhanced Transformer with Rotary Position Embedding* (2021).
+# - Dao et al., *FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness* (2022).
+# - Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer* (2017).
+# - Ouyang et al., *Training language models to follow instructions with human feedback* (2022); Rafailov et al., *Direct Preference Optimization* (2023).
+# - Touvron et al., *LLaMA: Open and Efficient Foundation Language Models* (2023).
