@@ -642,7 +642,7 @@ for d, (_, s0, g0), (_, s1, g1) in zip(widths, results[False], results[True]):
 # using the measurements above.
 
 # %% [markdown]
-#| written why_scale_by_sqrt_dk points=2
+# #| written why_scale_by_sqrt_dk points=2
 # ### BEGIN SOLUTION
 # *Model answer.* The two parameterizations can represent the same functions, but
 # training has to reach them from the initialization, and without the scale the model
@@ -1053,7 +1053,7 @@ plt.show()
 # generation, and what does the model give up?
 
 # %% [markdown]
-#| written why_share_keys_and_values points=2
+# #| written why_share_keys_and_values points=2
 # ### BEGIN SOLUTION
 # *Model answer.* During generation each new token's query is used once, at that step,
 # and then thrown away, while the keys and values of every earlier token are needed again
