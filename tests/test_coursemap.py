@@ -46,3 +46,12 @@ def test_every_present_chapter_teaches_its_modules():
 def test_unknown_chapter_is_an_error():
     with pytest.raises(ValueError, match="99_nothing"):
         chapter("99_nothing")
+
+
+def test_readme_course_map_lists_every_chapter():
+    readme = (paths.ROOT / "README.md").read_text()
+    for entry in CHAPTERS:
+        row = next((line for line in readme.splitlines() if f"`{entry.slug}`" in line), "")
+        assert entry.title in row, f"README's course map lacks {entry.slug} ({entry.title})"
+        status = "ready" if entry.slug in SLUGS else "in preparation"
+        assert row.rstrip(" |").endswith(status), f"README says the wrong status for {entry.slug}"
