@@ -2,7 +2,6 @@
 formulas and hand-computed values, the defining properties, the hooks, and bad input."""
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -502,20 +501,3 @@ def test_kv_cache_bytes_equals_a_real_cache():
 def test_kv_cache_bytes_rejects_negative_sizes():
     with pytest.raises(ValueError, match="seq_len"):
         kv_cache_bytes(ModelConfig(), 1, -5)
-
-
-# ---------------------------------------------------------------- the Tech Band index
-
-def test_tech_band_sections_and_symbols_exist():
-    import importlib
-
-    from minillm.coursemap import TECH_BAND
-
-    source = (Path(__file__).resolve().parent.parent / "solutions" / "04_attention" / "04_attention.py").read_text()
-    headings = set(re.findall(r"^# ## (.+)$", source, flags=re.MULTILINE))
-    terms = [t for t in TECH_BAND if t.slug == "04_attention"]
-    assert len(terms) == 6
-    for term in terms:
-        assert term.section in headings, term
-        module, _, name = term.symbol.rpartition(".")
-        assert hasattr(importlib.import_module(module), name), term
