@@ -81,9 +81,9 @@ from torch import nn
 #
 # Written as the formula says, it breaks. A float32 holds numbers up to about
 # $3.4 \times 10^{38} \approx e^{88.7}$, so $e^{x}$ overflows to `inf` for $x > 88.7$, and
-# $\infty / \infty$ is `NaN`. Scores of a few hundred are not exotic: they appear in a
-# trained model, and in the first step of an untrained one when the scale of the next
-# sections is missing.
+# $\infty / \infty$ is `NaN`. Scores of a few hundred are not exotic: wide attention heads
+# produce them from the first step when the scale of a later section is missing, and the
+# scores of large models drift upwards during long training runs.
 
 # %%
 def naive_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -115,7 +115,7 @@ print("naive softmax of [0, -1, -2]:     ", naive_softmax(logits - 1000, dim=-1)
 # Difficulty ●○○ · Importance ●●● · about 10 minutes
 #
 # <details><summary>Hint 1</summary><code>x.amax(dim=dim, keepdim=True)</code> gives one maximum per slice, with a shape that broadcasts against <code>x</code>.</details>
-# <details><summary>Hint 2</summary>Without <code>keepdim=True</code>, subtracting a maximum over <code>dim=0</code> from <code>x</code> broadcasts along the wrong axis.</details>
+# <details><summary>Hint 2</summary>Without <code>keepdim=True</code>, the maximum over the last dimension of a <code>(rows, cols)</code> tensor has shape <code>(rows,)</code>, which lines up with the columns, not the rows: an error, or for a square tensor a silently wrong answer.</details>
 # <details><summary>Hint 3</summary><code>e = (x - x.amax(dim=dim, keepdim=True)).exp()</code>, then <code>e / e.sum(dim=dim, keepdim=True)</code>.</details>
 
 # %%
@@ -142,7 +142,11 @@ def _softmax_case():
 
 
 x = _softmax_case()
-got = softmax(x, dim=-1)
+try:
+    got = softmax(x, dim=-1)
+except RuntimeError as error:
+    raise course.CheckFailed(f"softmax raised RuntimeError: {error}. A size mismatch here usually means the maximum "
+                             "or the sum lost its dimension: pass keepdim=True so it broadcasts against x") from error
 if isinstance(got, torch.Tensor) and got.shape == x.shape and not torch.isfinite(got).all():
     bad_rows = sorted({int(i) for i in (~torch.isfinite(got)).nonzero()[:, 0]})
     if bad_rows == [0]:
@@ -435,6 +439,13 @@ course.expect_close(
         "softmax over the wrong dimension (over the queries; columns sum to 1, rows do not)": _sdpa_reference(q, k, v, dim=-2),
     },
 )
+padding = torch.tensor([True, True, True, False, False])  # the last two keys are padding
+course.expect_close(
+    scaled_dot_product_attention(q, k, v, mask=padding), _sdpa_reference(q, k, v, padding),
+    "scaled_dot_product_attention with a key-padding mask",
+    mistakes={"the mask is inverted: True must mean 'may attend' (as in F.scaled_dot_product_attention), "
+              "not 'blocked' (as in nn.MultiheadAttention)": _sdpa_reference(q, k, v, padding, invert=True)},
+)
 causal = torch.ones(5, 5, dtype=torch.bool).tril()
 course.expect_close(
     scaled_dot_product_attention(q, k, v, mask=causal), _sdpa_reference(q, k, v, causal),
@@ -445,13 +456,6 @@ course.expect_close(
         "the bool mask is added as numbers (0/1) instead of blocking with -inf": _sdpa_reference(q, k, v, causal, as_numbers=True),
         "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, causal, scale=False),
     },
-)
-padding = torch.tensor([True, True, True, False, False])  # the last two keys are padding
-course.expect_close(
-    scaled_dot_product_attention(q, k, v, mask=padding), _sdpa_reference(q, k, v, padding),
-    "scaled_dot_product_attention with a key-padding mask",
-    mistakes={"the mask is inverted: True must mean 'may attend' (as in F.scaled_dot_product_attention), "
-              "not 'blocked' (as in nn.MultiheadAttention)": _sdpa_reference(q, k, v, padding, invert=True)},
 )
 result = scaled_dot_product_attention(q, k, v, mask=causal, return_weights=True)
 if not (isinstance(result, tuple) and len(result) == 2):
