@@ -590,10 +590,10 @@ for d_k in (4, 16, 64, 256, 1024):
 # $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$. When one weight is close to 1 and
 # the rest close to 0 (a *saturated* softmax), every entry is close to 0: almost no
 # gradient reaches the scores, and so almost none reaches $W_Q$ and $W_K$, which then
-# cannot learn. The experiment: 512 queries against 64 keys, random unit-variance
-# vectors, the attention output pushed back with a random upstream gradient; we record
-# how often a query's softmax is saturated (largest weight above 0.99) and the size of
-# the gradient at the scores, with and without the scale.
+# cannot learn. The experiment: 512 queries (128 in quick mode) against 64 keys, random
+# unit-variance vectors, the attention output pushed back with a random upstream
+# gradient; we record how often a query's softmax is saturated (largest weight above
+# 0.99) and the size of the gradient at the scores, with and without the scale.
 
 # %%
 def saturation_experiment(d_k: int, scaled: bool, generator: torch.Generator, n_queries: int = 512, n_keys: int = 64):
@@ -609,7 +609,8 @@ def saturation_experiment(d_k: int, scaled: bool, generator: torch.Generator, n_
 
 widths = [4, 16, 64, 256, 1024, 4096]
 g = torch.Generator().manual_seed(1)
-results = {scaled: [saturation_experiment(d, scaled, g) for d in widths] for scaled in (False, True)}
+n_queries = 128 if course.QUICK else 512
+results = {scaled: [saturation_experiment(d, scaled, g, n_queries) for d in widths] for scaled in (False, True)}
 
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
 for scaled, style, label in ((False, "o-", "q·k (no scale)"), (True, "s-", "q·k / √d_k")):
