@@ -130,8 +130,8 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
     freqs = list(counts.values())
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> the words that hold it
-    for w, (word, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(word, word[1:]):
+    for w, (ids, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(ids, ids[1:]):
             pair_counts[pair] += freq
             where[pair].add(w)
     heap = [(-count, pair) for pair, count in pair_counts.items()]
