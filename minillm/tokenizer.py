@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import operator
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -384,9 +385,16 @@ class BPETokenizer:
 
     # decoding
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
+        """The text of ``ids`` (ints, or anything int-like: a 1-D integer tensor works).
+
+        Bytes that are not valid UTF-8 become U+FFFD; an unknown id is a ``ValueError``.
+        """
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"ids must be an iterable of int, got {type(ids).__name__}")
+        try:
+            ids = [operator.index(i) for i in ids]
+        except TypeError:
+            raise TypeError(f"ids must be integers, got {ids!r:.80}") from None
         return decode_ids(ids, self.vocab)
 
     # files

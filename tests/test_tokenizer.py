@@ -362,6 +362,14 @@ def test_decoding_an_unknown_id_names_it(shakespeare, gpt2):
         gpt2.decode([-1])
     with pytest.raises(TypeError):
         gpt2.decode("abc")
+    with pytest.raises(TypeError, match="integers"):
+        gpt2.decode([464, 2.0])
+
+
+def test_decode_accepts_integer_tensors(gpt2):
+    torch = pytest.importorskip("torch")
+    ids = gpt2.encode("Tensors of ids decode too.")
+    assert gpt2.decode(torch.tensor(ids)) == gpt2.decode(ids) == "Tensors of ids decode too."
 
 
 @pytest.mark.parametrize("bad", [b"bytes", None, 42, ["a", "list"]])
