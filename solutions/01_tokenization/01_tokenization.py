@@ -615,7 +615,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
 
 # %%
 corpus = data.corpus_text()
-sample = corpus[: 30_000 if course.QUICK else 100_000]
+sample = data.split_corpus(corpus)[0][: 30_000 if course.QUICK else 100_000]
 n_merges = 40 if course.QUICK else 120
 
 start = time.perf_counter()
@@ -1131,14 +1131,15 @@ class BPETokenizer:
 #
 # ## A tokenizer for Shakespeare
 #
-# Train on the first million characters of the corpus (the rest is held out to measure
-# the tokenizer on text it has not seen), with 1,024 tokens, one of them the special
-# `<|endoftext|>`:
+# Train on the course's training split, the first 90% of the corpus (about a million
+# characters; `data.split_corpus` keeps the last 10% as validation text for every
+# chapter, and here it measures the tokenizer on text it has not seen), with 1,024
+# tokens, one of them the special `<|endoftext|>`:
 
 # %%
 from minillm.tokenizer import BPETokenizer
 
-train_text, held_out = corpus[:1_000_000], corpus[1_000_000:]
+train_text, held_out = data.split_corpus(corpus)
 start = time.perf_counter()
 shakespeare = BPETokenizer.train(train_text, 1024, special_tokens=["<|endoftext|>"], progress=True)
 print(f"{shakespeare} trained on {len(train_text):,} characters in {time.perf_counter() - start:.1f} s")
