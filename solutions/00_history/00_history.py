@@ -958,14 +958,12 @@ print(f"GPT-2 decoder layer    (pre-norm, causal):         {reference_config.blo
 for name, cfg in PRESETS.items():
     print(f"{name:18s} {cfg.architecture:16s} {cfg.norm_placement}-norm  {cfg.norm:9s} {cfg.ffn:6s} positions: {cfg.positions}")
 
-import torch.nn.functional as F
-
 tokens = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(0))
 changed = tokens.clone()
 changed[:, -1] += 1.0  # change only the last token
 for causal in (False, True):
-    before = F.scaled_dot_product_attention(tokens, tokens, tokens, is_causal=causal)
-    after = F.scaled_dot_product_attention(changed, changed, changed, is_causal=causal)
+    before = torch.nn.functional.scaled_dot_product_attention(tokens, tokens, tokens, is_causal=causal)
+    after = torch.nn.functional.scaled_dot_product_attention(changed, changed, changed, is_causal=causal)
     moved = (before - after).abs().amax(dim=-1)[0, :-1]
     print(f"{'causal' if causal else 'bidirectional':13s} attention: outputs of the 5 earlier tokens moved by up to {moved.max():.3f}")
 
