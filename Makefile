@@ -29,12 +29,16 @@ venv: $(STAMP)
 
 # Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers
 # stay yours, and chapters added by `git pull` appear. Stop JupyterLab with Ctrl-C.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
 	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
-	$(BIN)/jupyter lab --notebook-dir=$(WORK) $(LAB_ARGS)
+	cd $(WORK) && $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
+# Unit, sync and grading tests on both cores; then each solution notebook in quick mode
+# under nbval, one kernel per notebook (nbval's cells must run in order in one process).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p no:xdist solutions $(PYTEST_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)

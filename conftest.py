@@ -5,3 +5,4 @@ import os
 os.environ["COURSE_QUICK"] = "1"
 # The Triton interpreter must be on before any kernel is defined.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+

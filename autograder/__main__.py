@@ -40,7 +40,11 @@ def main(argv=None) -> int:
     from .grade import grade_files
 
     files = notebooks_in(args.paths)
-    for path, outcome in zip(files, grade_files(files, args.out, args.chapter)):
+    try:
+        outcomes = grade_files(files, args.out, args.chapter)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    for path, outcome in zip(files, outcomes):
         print(f"{path}: {outcome['score']:g} / {outcome['max_score']:g}")
     return 0
 

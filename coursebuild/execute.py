@@ -1,6 +1,7 @@
 """Execute a notebook with nbclient, in full or quick mode."""
 from __future__ import annotations
 
+import copy
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,12 +31,17 @@ def execute(notebook, workdir: Path, *, quick: bool, timeout: int = 600):
     Cells tagged ``raises-exception`` may fail; any other error stops with
     ``nbclient.exceptions.CellExecutionError``.
     """
+    metadata = copy.deepcopy(notebook.metadata)
     with _environment(quick):
         client = nbclient.NotebookClient(
             notebook,
             timeout=timeout,
             kernel_name="python3",
+            record_timing=False,
             resources={"metadata": {"path": str(workdir)}},
         )
         client.execute()
+    # The kernel's language_info and the widget state (tqdm's bars) vary from run to run
+    # and are of no use once the kernel is gone: keep the notebook's own metadata.
+    notebook.metadata = metadata
     return notebook

@@ -1,7 +1,9 @@
 """Generate the learner's notebooks with nbgrader (solutions → chapters)."""
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -9,6 +11,13 @@ import nbformat
 from traitlets.config import Config
 
 from . import notebooks, paths
+
+
+def _alembic_on_path() -> None:
+    """nbgrader runs ``alembic`` from PATH; make the one beside this Python findable."""
+    scripts = str(Path(sys.executable).parent)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
 
 
 def course_config(root: Path) -> Config:
@@ -34,6 +43,7 @@ def generate(slugs: list[str], workdir: Path) -> dict[str, nbformat.NotebookNode
     """Run nbgrader's generate_assignment on each chapter inside ``workdir``."""
     from nbgrader.apps import NbGraderAPI
 
+    _alembic_on_path()
     for slug in slugs:
         shutil.copytree(
             paths.SOLUTIONS / slug,

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from minillm import course
 from minillm.config import PRESETS, ModelConfig, block_parameters, ffn_parameters
-from minillm.data import corpus_text
+from minillm.data import corpus_text, split_corpus
 
 device = course.setup(seed=0)
 
@@ -932,9 +932,9 @@ except ValueError as error:
 text = corpus_text()
 alphabet = sorted(set(text))
 index = {ch: i for i, ch in enumerate(alphabet)}
-ids = torch.tensor([index[ch] for ch in text])
-split = int(0.9 * len(ids))
-train_ids, val_ids = ids[:split], ids[split:]
+train_text, val_text = split_corpus(text)  # the course's split: the last 10% is held out
+train_ids = torch.tensor([index[ch] for ch in train_text])
+val_ids = torch.tensor([index[ch] for ch in val_text])
 
 CONTEXT, EMBED, WIDTH, LAYERS, BATCH = 8, 16, 128, 2, 128
 SEEDS = (0,) if course.QUICK else (0, 1, 2)

@@ -1,0 +1,43 @@
+"""The build chain's cell directives and export rules."""
+import nbformat
+import pytest
+
+from coursebuild import notebooks, package
+
+
+def cell(source, kind="code"):
+    return (nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell)(source)
+
+
+def test_directives_become_nbgrader_metadata():
+    answer = cell("#| answer f\n#| export minillm/x.py\ndef f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
+    notebooks.apply_directives(answer, "t")
+    assert answer.metadata["nbgrader"]["solution"] and not answer.metadata["nbgrader"]["grade"]
+    assert answer.source.startswith("#| export minillm/x.py\ndef f")
+    test = cell("#| test f_visible points=1\nassert f() == 1")
+    notebooks.apply_directives(test, "t")
+    meta = test.metadata["nbgrader"]
+    assert (meta["grade"], meta["solution"], meta["locked"], meta["points"]) == (True, False, True, 1)
+    assert test.metadata["tags"] == ["raises-exception"]
+    assert test.source == "assert f() == 1"
+    stable = cell("#| stable\nprint(1)")
+    notebooks.apply_directives(stable, "t")
+    assert stable.metadata["tags"] == ["nbval-check-output"]
+
+
+@pytest.mark.parametrize("source, message", [
+    ("#| frobnicate\nx = 1", "unknown directive"),
+    ("#| test f_visible\nx = 1", "points"),
+    ("#| answer Bad-Id\n### BEGIN SOLUTION\n### END SOLUTION", "grade_id"),
+    ("#| answer f\nx = 1", "BEGIN SOLUTION"),
+])
+def test_bad_directives_are_errors(source, message):
+    with pytest.raises(ValueError, match=message):
+        notebooks.apply_directives(cell(source), "t")
+
+
+def test_export_strips_markers_and_directive():
+    exported = cell("#| export minillm/x.py\ndef f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
+    assert package.export_target(exported) == "minillm/x.py"
+    assert package._body(exported) == "def f():\n    return 1"
+    assert package.export_target(cell("x = 1")) is None

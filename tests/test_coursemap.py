@@ -1,0 +1,57 @@
+"""The course map and the Tech Band index are complete and point at real places."""
+import importlib
+import re
+
+import nbformat
+import pytest
+
+from coursebuild import paths
+from minillm.coursemap import CHAPTERS, TECH_BAND, chapter
+
+from .conftest import SLUGS
+
+
+def test_chapters_are_the_fixed_slugs_in_order():
+    assert tuple(c.slug for c in CHAPTERS) == paths.SLUGS
+
+
+def test_tech_band_has_twenty_distinct_terms():
+    assert len(TECH_BAND) == 20
+    assert len({t.term for t in TECH_BAND}) == 20
+    assert {t.slug for t in TECH_BAND} <= set(paths.SLUGS)
+
+
+def headings(slug):
+    notebook = nbformat.read(paths.solution_notebook(slug), as_version=4)
+    return {
+        match.group(1).strip()
+        for cell in notebook.cells if cell.cell_type == "markdown"
+        for match in re.finditer(r"^#{2,4}\s+(.+)$", cell.source, re.M)
+    }
+
+
+@pytest.mark.parametrize("term", [t for t in TECH_BAND if t.slug in SLUGS], ids=lambda t: t.term)
+def test_term_has_its_section_and_symbol(term):
+    assert term.section in headings(term.slug), f"{term.slug} has no section {term.section!r}"
+    module_name, _, attribute = term.symbol.rpartition(".")
+    assert hasattr(importlib.import_module(module_name), attribute), f"{term.symbol} does not exist"
+
+
+def test_every_present_chapter_teaches_its_modules():
+    for slug in SLUGS:
+        for module in chapter(slug).modules:
+            importlib.import_module(module)
+
+
+def test_unknown_chapter_is_an_error():
+    with pytest.raises(ValueError, match="99_nothing"):
+        chapter("99_nothing")
+
+
+def test_readme_course_map_lists_every_chapter():
+    readme = (paths.ROOT / "README.md").read_text()
+    for entry in CHAPTERS:
+        row = next((line for line in readme.splitlines() if f"`{entry.slug}`" in line), "")
+        assert entry.title in row, f"README's course map lacks {entry.slug} ({entry.title})"
+        status = "ready" if entry.slug in SLUGS else "in preparation"
+        assert row.rstrip(" |").endswith(status), f"README says the wrong status for {entry.slug}"

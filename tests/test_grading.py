@@ -1,0 +1,98 @@
+"""The grading round trip: the solution earns full marks, the untouched chapter earns 0."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.results import failure_message
+from coursebuild import manifest, paths
+
+from .conftest import SLUGS, graded
+
+GROUP = [pytest.mark.grading]
+
+
+def per_chapter(slug):
+    return pytest.param(slug, marks=[pytest.mark.xdist_group(name=f"grade-{slug}"), *GROUP])
+
+
+CHAPTER = pytest.mark.parametrize("slug", [per_chapter(s) for s in SLUGS])
+
+
+@CHAPTER
+def test_solution_earns_full_marks(slug, grading_root):
+    result = graded(slug, grading_root)["solution"]
+    expected = manifest.load()["chapters"][slug]["autograded_points"]
+    failed = [t for t in result["tests"] if t["status"] != "passed"]
+    assert not failed, f"solution lost points: {failed}"
+    assert result["score"] == result["max_score"] == expected
+
+
+@CHAPTER
+def test_untouched_chapter_earns_nothing(slug, grading_root):
+    result = graded(slug, grading_root)["untouched"]
+    assert result["score"] == 0
+    assert result["max_score"] == manifest.load()["chapters"][slug]["autograded_points"]
+    assert all(t["output"] for t in result["tests"]), "every lost point needs a reason"
+
+
+@CHAPTER
+def test_results_have_gradescope_shape(slug, grading_root):
+    out = Path(graded(slug, grading_root)["out"])
+    for folder in out.iterdir():
+        if not folder.is_dir():
+            continue
+        results = json.loads((folder / "results.json").read_text())
+        assert {"score", "tests", "output"} <= results.keys()
+        for test in results["tests"]:
+            assert {"name", "score", "max_score", "status", "output"} <= test.keys()
+            assert test["status"] in ("passed", "failed")
+        assert {m["name"] for m in results["extra_data"]["manual_grading"]} == {
+            gid for gid, c in manifest.load()["chapters"][slug]["cells"].items() if c["kind"] == "manual"}
+
+
+@CHAPTER
+def test_feedback_never_shows_hidden_tests(slug, grading_root):
+    solution = nbformat.read(paths.solution_notebook(slug), as_version=4)
+    hidden_lines = {
+        line.strip()
+        for cell in solution.cells if "### BEGIN HIDDEN TESTS" in cell.source
+        for line in cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].splitlines()
+        if len(line.strip()) > 12
+    }
+    assert hidden_lines
+    for page in Path(graded(slug, grading_root)["out"]).glob("*/feedback.html"):
+        text = page.read_text()
+        leaked = [line for line in hidden_lines if line in text]
+        assert not leaked, f"{page} shows hidden test code: {leaked[:3]}"
+
+
+def test_failure_message_never_quotes_the_traceback():
+    cell = {"outputs": [{"output_type": "error", "ename": "AssertionError", "evalue": "x differs",
+                         "traceback": ["secret_hidden_check(x)"]}]}
+    assert failure_message(cell) == "AssertionError: x differs"
+
+
+@pytest.mark.grading
+@pytest.mark.xdist_group(name="grade-cli")
+def test_cli_grades_a_malformed_notebook_as_zero_with_a_reason(tmp_path):
+    broken = tmp_path / "00_history.ipynb"
+    broken.write_text("{ this is not json")
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(broken), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "out" / "00_history" / "results.json").read_text())
+    assert results["score"] == 0
+    assert "not a readable notebook" in results["output"]
+
+
+def test_cli_refuses_a_file_whose_chapter_it_cannot_tell(tmp_path):
+    stray = tmp_path / "homework.ipynb"
+    stray.write_text("{}")
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(stray), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "--chapter" in run.stderr
