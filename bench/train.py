@@ -19,37 +19,48 @@ from minillm.model import GPT
 from minillm.train import DEFAULT_RECIPE, build_optimizer, recipe_config
 
 
+def rotate(x, theta=10000.0):
+    """RoPE, split-half pairing: x (batch, heads, seq, head_dim)."""
+    seq, head_dim = x.shape[-2:]
+    angles = torch.arange(seq)[:, None] * theta ** (-torch.arange(0, head_dim, 2) / head_dim)[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    a, b = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
 class PlainBlock(nn.Module):
-    def __init__(self, d, n_heads):
+    def __init__(self, d, n_heads, d_ff):
         super().__init__()
         self.n_heads = n_heads
-        self.ln1, self.ln2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.norm1, self.norm2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
         self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
-        self.fc, self.out = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, d_ff, bias=False), nn.Linear(d, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d, bias=False)
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        y = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class PlainGPT(nn.Module):
-    """The same shape as the recipe's GPT: learned positions, pre-norm, GELU, no biases, tied head."""
+    """The recipe's shape written plainly: RoPE, pre-norm RMSNorm, SwiGLU, no biases, tied head."""
 
-    def __init__(self, vocab, context, d, n_layers, n_heads):
+    def __init__(self, vocab, d, n_layers, n_heads, d_ff):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.blocks = nn.ModuleList(PlainBlock(d, n_heads) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d, bias=False)
+        self.wte = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(PlainBlock(d, n_heads, d_ff) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(d, eps=1e-5)
 
     def forward(self, ids, targets):
-        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        x = self.wte(ids)
         for block in self.blocks:
             x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.T
+        logits = self.norm(x) @ self.wte.weight.T
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -88,13 +99,14 @@ def main():
     config = recipe_config(DEFAULT_RECIPE["vocab_size"])
     batch = (args.batch_size, config.context_length)
     torch.manual_seed(0)
-    ours, plain = GPT(config), PlainGPT(config.vocab_size, config.context_length, config.d_model, config.n_layers,
-                                         config.n_heads)
+    ours = GPT(config)
+    plain = PlainGPT(config.vocab_size, config.d_model, config.n_layers, config.n_heads, config.d_ff)
     n_ours, n_plain = (sum(p.numel() for p in m.parameters()) for m in (ours, plain))
     assert n_ours == n_plain, f"the two models must have the same parameters, got {n_ours} and {n_plain}"
-    non_embedding = n_ours - config.vocab_size * config.d_model - config.context_length * config.d_model
+    non_embedding = n_ours - config.vocab_size * config.d_model
     # 6 FLOPs per parameter per token (forward + backward), plus attention's scores and mixing,
     # plus the output head (tied to the embedding, so not in non_embedding).
+    assert config.positions == "rope" and config.ffn == "swiglu" and config.norm == "rmsnorm" and not config.bias
     flops_per_token = (6 * (non_embedding + config.vocab_size * config.d_model)
                        + 12 * config.n_layers * config.context_length * config.d_model)
     timings = {"minillm GPT": [], "plain PyTorch GPT": []}

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=_positive_int, default=recipe["n_layers"], help="(default: %(default)s)")
     t.add_argument("--heads", type=_positive_int, default=recipe["n_heads"], help="(default: %(default)s)")
     t.add_argument("--dropout", type=float, default=recipe["dropout"], help="(default: %(default)s)")
+    t.add_argument("--positions", choices=("learned", "sinusoidal", "rope", "alibi"), default=recipe["positions"],
+                   help="(default: %(default)s)")
+    t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
+    t.add_argument("--ffn", choices=("gelu", "relu", "swiglu"), default=recipe["ffn"], help="(default: %(default)s)")
     t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     t.add_argument("--figure", type=Path, help="also save the loss curves as an image here")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -116,21 +120,24 @@ def cmd_train(args) -> None:
     print(f"tokenizer: {len(tokenizer)} tokens, {len(train_text) / len(train_ids):.2f} characters per token "
           f"({len(train_ids):,d} training tokens)", flush=True)
     config = training.recipe_config(len(tokenizer), context_length=args.context, d_model=args.d_model,
-                                    n_layers=args.layers, n_heads=args.heads, dropout=args.dropout)
+                                    n_layers=args.layers, n_heads=args.heads, dropout=args.dropout,
+                                    positions=args.positions, norm=args.norm, ffn=args.ffn)
     train_config = training.recipe_train_config(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                                 seed=args.seed)
     torch.manual_seed(args.seed)
     model = GPT(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params:,d} parameters, {config.n_layers} layers, d_model {config.d_model}, "
-          f"context {config.context_length} tokens; {train_config.steps} steps of "
+          f"{config.positions}, {config.norm}, {config.ffn}, context {config.context_length} tokens; {train_config.steps} steps of "
           f"{train_config.batch_size} x {config.context_length} tokens", flush=True)
     history = training.train(model, train_ids, val_ids, train_config, checkpoint_path=args.run, resume=args.resume,
                              progress=not args.quiet)
-    loss = training.nats_per_char(model, val_ids, len(val_text))
+    total, count = training.token_nll(model, val_ids)
+    loss = total / len(val_text)
     minutes = (time.time() - started) / 60
-    print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits), "
-          f"{history['val_loss'][-1]:.3f} nats per token (on a part of it); {minutes:.1f} minutes in all", flush=True)
+    print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits per character; "
+          f"{total / count:.3f} nats per token) on the last 10% of the corpus; {minutes:.1f} minutes in all",
+          flush=True)
     out, tokenizer_out = _model_paths(args.out, None)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(tokenizer_out)

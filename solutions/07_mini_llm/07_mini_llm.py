@@ -460,6 +460,7 @@ from tqdm.auto import tqdm
 
 from minillm import data
 from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.ffn import swiglu_hidden_size
 from minillm.model import GPT, IGNORE_INDEX, GPTConfig
 from minillm.tokenizer import BPETokenizer
 
@@ -1049,18 +1050,26 @@ def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: Tr
 
 # %%
 #| export minillm/train.py
-# The recipe of `make train` / `python -m minillm train`, and the files it ships in data/.
-DEFAULT_RECIPE = dict(vocab_size=1024, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0,
-                      steps=4000, batch_size=8, lr=3e-3)
+# The recipe of `make train` / `python -m minillm train`, and the files it ships in data/: a
+# Llama-style model (RoPE, RMSNorm, SwiGLU with the 2/3 rule, no biases, tied embeddings).
+DEFAULT_RECIPE = dict(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0,
+                      positions="rope", norm="rmsnorm", ffn="swiglu", steps=3000, batch_size=8, lr=3e-3)
 PRETRAINED = "minillm-shakespeare.pt"
+_SHAPE = ("context_length", "d_model", "n_layers", "n_heads", "dropout", "positions", "norm", "ffn")
 
 
 def recipe_config(vocab_size: int, **overrides) -> GPTConfig:
-    """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win)."""
-    shape = {key: DEFAULT_RECIPE[key] for key in ("context_length", "d_model", "n_layers", "n_heads", "dropout")}
-    shape = {**shape, **overrides}
-    return GPTConfig(name="minillm-shakespeare", vocab_size=vocab_size, d_ff=4 * shape["d_model"], bias=False,
-                     attention_backend="sdpa", **shape)
+    """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win).
+
+    d_ff follows d_model: 4 d_model for GELU/ReLU, the 2/3 rule for SwiGLU (``swiglu_hidden_size``
+    rounded to a multiple of 32), unless given.
+    """
+    shape = {**{key: DEFAULT_RECIPE[key] for key in _SHAPE}, **overrides}
+    if "d_ff" not in shape:
+        d = shape["d_model"]
+        shape["d_ff"] = swiglu_hidden_size(d, multiple_of=32) if shape["ffn"] == "swiglu" else 4 * d
+    return GPTConfig(**{"name": "minillm-shakespeare", "vocab_size": vocab_size, "bias": False,
+                        "attention_backend": "sdpa", **shape})
 
 
 def recipe_train_config(**overrides) -> TrainConfig:
