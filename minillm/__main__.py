@@ -147,7 +147,7 @@ def cmd_train(args) -> None:
                         chars_per_token=len(val_text) / len(val_ids))
     print(f"wrote {out} and {tokenizer_out}")
     if args.figure:
-        training.plot_history(history, chars_per_token=len(val_text) / len(val_ids)).savefig(args.figure, dpi=120)
+        training.plot_history(history).savefig(args.figure, dpi=120)
         print(f"wrote {args.figure}")
     sample = generate_text(model, tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
                            generator=torch.Generator().manual_seed(0))

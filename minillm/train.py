@@ -52,13 +52,17 @@ def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, b
     The stream is cut into non-overlapping windows of ``context`` inputs (default: the
     model's context length); each window predicts its next ``context`` tokens, so every
     token but the first is predicted once, from the tokens of its own window.
-    ``max_windows`` stops early (a quick estimate). Runs in eval mode.
+    ``max_windows``: use only that many windows, evenly spaced over the stream (a quick
+    estimate). Runs in eval mode.
     """
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or len(ids) < 2:
         raise ValueError(f"ids must be a 1-D tensor of at least 2 tokens, got {getattr(ids, 'shape', ids)}")
     context = model.config.context_length if context is None else context
     device = next(model.parameters()).device
-    starts = list(range(0, len(ids) - 1, context))[:max_windows]
+    starts = list(range(0, len(ids) - 1, context))
+    if max_windows is not None and max_windows < len(starts):
+        picked = torch.linspace(0, len(starts) - 1, max_windows).round().long().unique().tolist()
+        starts = [starts[i] for i in picked]
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -394,9 +398,9 @@ def load_pretrained():
     return model, BPETokenizer.load(tokenizer_path)
 
 
-def plot_history(history: dict, chars_per_token: float | None = None, title: str = "Training the mini-LLM"):
-    """The loss curves of a ``train`` history: training loss per step (smoothed) and the
-    validation loss, in nats per token (and per character, when ``chars_per_token`` is given)."""
+def plot_history(history: dict, title: str = "Training the mini-LLM"):
+    """The loss curves of a ``train`` history: the training loss per step (a moving
+    average) and the validation loss at each evaluation, in nats per token."""
     import matplotlib.pyplot as plt
 
     losses = torch.as_tensor(history["train_loss"], dtype=torch.float32)
@@ -404,12 +408,9 @@ def plot_history(history: dict, chars_per_token: float | None = None, title: str
     smooth = losses.unfold(0, window, 1).mean(-1) if len(losses) >= window else losses
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(torch.arange(len(smooth)) + window, smooth, label=f"training (mean of {window} steps)")
-    ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (held-out 10%)")
+    ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (windows of the held-out 10%)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats per token)")
-    if chars_per_token:
-        right = ax.secondary_yaxis("right", functions=(lambda y: y / chars_per_token, lambda y: y * chars_per_token))
-        right.set_ylabel("nats per character")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
