@@ -131,8 +131,8 @@ def lr_schedule(step: int, max_lr: float, warmup_steps: int, total_steps: int, m
         return max_lr * (step + 1) / warmup_steps
     if step >= total_steps:
         return min_lr
-    t = (step - warmup_steps) / (total_steps - warmup_steps)
-    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def _lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
