@@ -134,7 +134,8 @@ course.expect_close(
     "one_hot_embed",
     mistakes={
         "columns of weight instead of rows (one_hot @ weight.T)": weight.T[ids],
-        "the ids are shifted by one (one-hot of ids + 1 or ids - 1)": weight[(ids + 1) % 4],
+        "the ids are shifted by one (one-hot of ids + 1)": weight[(ids + 1) % 4],
+        "the ids are shifted by one (one-hot of ids - 1)": weight[(ids - 1) % 4],
         "every position got the same vector": weight[ids[:, :1]].expand(2, 3, 4),
     },
     hint="the result should have shape ids.shape + (d_model,)",

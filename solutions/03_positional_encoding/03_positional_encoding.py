@@ -89,15 +89,15 @@ print("output for 'dog' in 'dog bites man' equals output for 'dog' in 'man bites
 #   PE_{(pos,\, 2i+1)} = \cos\!\left(\frac{pos}{10000^{2i/d}}\right), \qquad i = 0, 1, \dots, \tfrac d2 - 1.$$
 #
 # Pair $i$ turns at angular frequency $\omega_i = 10000^{-2i/d}$ radians per position:
-# the first pair once every $2\pi \approx 6.3$ positions, the last once every
-# $2\pi \cdot 10000$ positions. Like the digits of a clock, fast pairs tell neighbours
+# the first pair once every $2\pi \approx 6.3$ positions, the last (for a large $d$)
+# about once every $2\pi \cdot 10000$ positions. Like the digits of a clock, fast pairs tell neighbours
 # apart and slow pairs tell distant regions apart. Sine on even dimensions and cosine on
 # odd ones, exactly as the sleeve prints it, needs an even $d$.
 #
 # ### Exercise 1 · The sleeve's formula
 #
 # Implement `sinusoidal_encoding(seq_len, d_model)`: the `(seq_len, d_model)` table of
-# $PE(pos)$ for $pos = 0, \dots, \text{seq\_len} - 1$, in float32 unless `dtype` says
+# $PE(pos)$ for $pos = 0, 1, \dots,$ `seq_len - 1`, in float32 unless `dtype` says
 # otherwise. Raise a `ValueError` naming `d_model` when it is odd or not positive, and
 # naming `seq_len` when it is below 1. No loops over positions: build the angles as an
 # outer product.
