@@ -970,7 +970,7 @@ for h in (0, 3, 7):
 # %%
 TRAIN_LEN = 16 if course.QUICK else 32
 D_MODEL, N_HEADS, N_LAYERS = (32, 4, 2) if course.QUICK else (48, 4, 2)
-STEPS = 60 if course.QUICK else 300
+STEPS = 40 if course.QUICK else 300
 METHODS = ("none", "learned", "sinusoidal", "rope", "alibi")
 
 train_text, held_out_text = split_corpus(corpus_text())  # the course's split: the last 10% is held out
@@ -1052,7 +1052,7 @@ def one_thread():
 
 models, per_position_loss = {}, {}
 eval_generator = torch.Generator().manual_seed(1234)
-eval_inputs, eval_targets = windows(held_out, 64 if course.QUICK else 256, 4 * TRAIN_LEN, eval_generator)
+eval_inputs, eval_targets = windows(held_out, 32 if course.QUICK else 256, 4 * TRAIN_LEN, eval_generator)
 with one_thread():
     for method in tqdm(METHODS, desc="methods"):
         course.seed_everything(0)
