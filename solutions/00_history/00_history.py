@@ -439,7 +439,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rope", "alibi"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("pre", "post"),
-    "ffn": ("gelu", "relu", "swiglu"),
+    "ffn": ("gelu", "gelu_tanh", "relu", "swiglu"),
 }
 
 
@@ -582,7 +582,8 @@ for d, h, kv, bias in [(8192, 64, 8, False), (128, 8, 2, True), (96, 6, 1, True)
 #   two input projections $W_1, W_3: d \to d_{ff}$ and one output projection
 #   $W_2: d_{ff} \to d$, each with a bias when `config.bias` is true.
 #
-# Return the parameter count for `config.ffn` in `("gelu", "relu", "swiglu")`.
+# Return the parameter count for `config.ffn` in `("gelu", "gelu_tanh", "relu", "swiglu")`
+# (`gelu_tanh` is GELU's tanh approximation, which GPT-2 uses: same shape as GELU).
 #
 # Difficulty ●○○ · Importance ●●○ · about 8 minutes
 #
