@@ -302,16 +302,11 @@ def best_seconds(fn, *args, repeats: int = 7) -> float:
 
 lengths = [32, 64, 128, 256] if course.QUICK else [32, 64, 128, 256, 512, 1024, 2048]
 rnn_seconds, attention_seconds = [], []
-threads = torch.get_num_threads()
-torch.set_num_threads(1)
-try:
-    with torch.no_grad():
-        for n in tqdm(lengths, desc="timing"):
-            x = torch.randn(1, n, d)
-            rnn_seconds.append(best_seconds(rnn, x, W_xh, W_hh, b_h))
-            attention_seconds.append(best_seconds(attend, x))
-finally:
-    torch.set_num_threads(threads)
+with course.one_thread(), torch.no_grad():
+    for n in tqdm(lengths, desc="timing"):
+        x = torch.randn(1, n, d)
+        rnn_seconds.append(best_seconds(rnn, x, W_xh, W_hh, b_h))
+        attention_seconds.append(best_seconds(attend, x))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.loglog(lengths, [s * 1e3 for s in rnn_seconds], "o-", label="RNN, a loop over positions")

@@ -30,7 +30,6 @@
 # %%
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -193,21 +192,10 @@ embed_one_hot = course.keep_going(
 # can cost more than the work.
 
 # %%
-@contextmanager
-def one_thread():
-    """Run the block on one CPU thread, then restore the previous setting."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 V_gpt2, d_demo = 50257, 256
 big_weight = torch.randn(V_gpt2, d_demo) / d_demo**0.5
 ids = torch.randint(V_gpt2, (64,))
-with one_thread():
+with course.one_thread():
     for name, fn in [("one-hot product", lambda: embed_one_hot(ids, big_weight)), ("indexing", lambda: big_weight[ids])]:
         times = []
         for _ in range(5):
@@ -706,7 +694,7 @@ char_model = CharModel(len(chars), context=context).to(device)
 optimizer = torch.optim.AdamW(char_model.parameters(), lr=1e-2, weight_decay=0.0)
 offsets = torch.arange(context + 1)
 losses = []
-with one_thread():
+with course.one_thread():
     for step in tqdm(range(steps), desc="training"):
         windows = data[torch.randint(len(data) - context, (256,))[:, None] + offsets].to(device)
         loss = F.cross_entropy(char_model(windows[:, :context]), windows[:, context])

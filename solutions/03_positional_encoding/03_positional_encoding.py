@@ -31,7 +31,6 @@
 
 # %%
 import math
-from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
 import torch
@@ -1039,21 +1038,10 @@ class TinyLM(torch.nn.Module):
         return self.embed.logits(self.norm(x))
 
 
-@contextmanager
-def one_thread():
-    """Run the block on one CPU thread: models this small gain nothing from a second one."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 models, per_position_loss = {}, {}
 eval_generator = torch.Generator().manual_seed(1234)
 eval_inputs, eval_targets = windows(held_out, 32 if course.QUICK else 256, 4 * TRAIN_LEN, eval_generator)
-with one_thread():
+with course.one_thread():
     for method in tqdm(METHODS, desc="methods"):
         course.seed_everything(0)
         # learned positions get rows up to 4x the training length: the rows past TRAIN_LEN never train

@@ -1008,15 +1008,11 @@ curves, held_out, seconds = {}, {}, {}
 runs = [(label, seed) for seed in SEEDS for label in VARIANTS]
 # Matrices this small gain little from a second CPU thread, and two threads stall badly
 # when another program holds the other core: train on one, then restore the setting.
-threads = torch.get_num_threads()
-torch.set_num_threads(1)
-try:
+with course.one_thread():
     for label, seed in tqdm(runs, desc="training runs"):
         start = time.perf_counter()
         curves[label, seed], held_out[label, seed] = train_char_mlp(*VARIANTS[label], seed=seed, steps=STEPS)
         seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
-finally:
-    torch.set_num_threads(threads)
 
 
 def smooth(values, weight=0.9):
