@@ -1421,9 +1421,7 @@ model = TinyAttentionLM(len(chars), context=context).to(device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 losses = []
 start = time.perf_counter()
-threads = torch.get_num_threads()
-torch.set_num_threads(1)  # this model's matrix products are too small to gain from sharing them across cores
-try:
+with course.one_thread():  # this model's matrix products are too small to gain from sharing them across cores
     for step in tqdm(range(steps), desc="training"):
         starts = torch.randint(len(data) - context - 1, (batch_size,))
         batch = torch.stack([data[s:s + context + 1] for s in starts]).to(device)
@@ -1433,8 +1431,6 @@ try:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-finally:
-    torch.set_num_threads(threads)
 print(f"{steps} steps in {time.perf_counter() - start:.1f} s; loss {losses[0]:.2f} → {sum(losses[-20:]) / len(losses[-20:]):.2f} "
       f"(uniform guessing: {math.log(len(chars)):.2f})")
 
