@@ -97,7 +97,8 @@ class TransformerBlock(nn.Module):
     "gelu_tanh", "relu", "swiglu", ...), built with ``bias`` and ``dropout``. bias: biases in the
     attention and FFN projections and LayerNorm's shift. dropout: on the attention weights and
     on each sub-layer's output. attention_backend: a registered backend ("math", "sdpa").
-    rotary: None or a callable rotary(x, positions) for the queries and keys (chapter 03).
+    rotary: None or a callable rotary(x, positions) → x for the queries and keys, such as
+    chapter 03's ``RotaryEmbedding(head_dim).rotate``.
     eps: the norms'. causal: each position attends only to itself and earlier positions.
 
     Submodules ``norm1``, ``attn`` (MultiHeadAttention), ``norm2``, ``ffn``. Its parameter count

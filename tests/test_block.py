@@ -417,3 +417,16 @@ def test_llama_style_block_is_llama_decoder_layer():
         ids = torch.randint(50, (2, 11))
         hidden = model(ids, output_hidden_states=True).hidden_states
         torch.testing.assert_close(ours(hidden[0]), hidden[1], atol=1e-5, rtol=1e-5)
+
+
+def test_block_accepts_the_course_rotary_embedding():
+    positional = pytest.importorskip("minillm.positional")
+    torch.manual_seed(16)
+    ours = TransformerBlock(32, 4, 64, rotary=positional.RotaryEmbedding(8).rotate).eval()
+    by_hand = TransformerBlock(32, 4, 64, rotary=rotate_half_rope(10000.0)).eval()
+    randomize(ours, seed=17)
+    by_hand.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 7, 32)
+    torch.testing.assert_close(ours(x), by_hand(x), atol=1e-5, rtol=1e-5)
+    shifted = torch.arange(3, 10)
+    torch.testing.assert_close(ours(x, positions=shifted), by_hand(x, positions=shifted), atol=1e-5, rtol=1e-5)

@@ -72,8 +72,9 @@ def test_layer_norm_constant_row_gives_the_shift():
 
 
 def test_layer_norm_large_offset_is_stable():
-    x = 1e4 + _randn(3, 64, seed=5, dtype=torch.float64)
-    torch.testing.assert_close(layer_norm(x), F.layer_norm(x, (64,)), atol=1e-9, rtol=1e-9)
+    # float32 near 1000: mean(x^2) - mean^2 would lose the variance (errors of about 0.1)
+    x = 1e3 + _randn(3, 64, seed=5)
+    torch.testing.assert_close(layer_norm(x), F.layer_norm(x, (64,)), atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
