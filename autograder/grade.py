@@ -14,7 +14,8 @@ import nbformat
 from coursebuild import manifest, release
 
 from . import feedback, results
-from .chapters import chapter_of
+from .chapters import Chapter, chapter_of
+from .reconstruct import SubmissionError, reconstruct_file
 
 
 def submission_name(path: Path) -> str:
@@ -48,16 +49,17 @@ class CourseDirectory:
         from nbgrader.apps import NbGraderAPI
 
         self.root, self.slug = root, slug
+        self.chapter = Chapter.load(slug)
         release.generate([slug], root)
         self.api = NbGraderAPI(config=release.course_config(root))
 
-    def autograde(self, submission: Path, student: str) -> tuple[list[dict], nbformat.NotebookNode]:
-        """Grade one notebook; the gradebook's rows for it and the executed notebook."""
+    def autograde(self, notebook, student: str) -> tuple[list[dict], nbformat.NotebookNode]:
+        """Grade one reconstructed notebook; the gradebook's rows for it and the executed notebook."""
         from nbgrader.api import Gradebook
 
         target = self.root / "submitted" / student / self.slug / f"{self.slug}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(submission, target)
+        nbformat.write(notebook, target)
         with _quick_mode():
             outcome = self.api.autograde(self.slug, student, force=True, create=True)
         if not outcome["success"]:
@@ -104,17 +106,18 @@ def grade_files(files: list[Path], out: Path, chapter: str | None = None) -> lis
 def grade_one(course: CourseDirectory, path: Path, out: Path) -> dict:
     """Grade one submission; write results.json and feedback.html under ``out``."""
     try:
-        nbformat.read(path, as_version=4)
-    except Exception as error:  # a broken file scores 0 with a reason, never a crash
+        rebuilt = reconstruct_file(course.chapter, path)
+    except SubmissionError as error:  # a broken file scores 0 with a reason, never a crash
         outcome = {
             "score": 0, "max_score": manifest.load()["chapters"][course.slug]["autograded_points"], "tests": [],
-            "output": f"{path.name} is not a readable notebook: {type(error).__name__}: {error}"[:500],
-            "extra_data": {"chapter": course.slug, "manual_grading": [], "flags": ["unreadable"]},
+            "output": str(error)[:500],
+            "extra_data": {"chapter": course.slug, "manual_grading": [],
+                           "flags": [{"kind": "unreadable", "detail": str(error)[:500]}]},
         }
         results.write(out / "results.json", outcome)
         return outcome
-    grades, executed = course.autograde(path, student_id(path))
-    outcome = results.build(grades, executed, course.slug)
+    grades, executed = course.autograde(rebuilt.notebook, student_id(path))
+    outcome = results.build(grades, executed, course.slug, rebuilt)
     results.write_atomic(out / "feedback.html", feedback.render(executed, outcome))
     results.write(out / "results.json", outcome)
     return outcome

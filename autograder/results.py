@@ -23,8 +23,12 @@ def failure_message(cell) -> str:
     return "the cell did not run to the end"
 
 
-def build(grades: list[dict], notebook, chapter: str) -> dict:
-    """``grades``: one dict per graded cell (grade_id, score, max_score, manual)."""
+def build(grades: list[dict], notebook, chapter: str, rebuilt=None) -> dict:
+    """``grades``: one dict per graded cell (grade_id, score, max_score, manual).
+
+    ``rebuilt`` (a :class:`~autograder.reconstruct.Reconstruction`) zeroes the checks of an
+    exercise whose answer is missing, unanswered or the reference, with that reason.
+    """
     cells = {cell.metadata.get("nbgrader", {}).get("grade_id"): cell for cell in notebook.cells}
     tests, manual = [], []
     for grade in grades:
@@ -32,12 +36,16 @@ def build(grades: list[dict], notebook, chapter: str) -> dict:
             manual.append({"name": grade["grade_id"], "max_score": grade["max_score"]})
             continue
         passed = grade["score"] >= grade["max_score"]
+        exercise = rebuilt.chapter.exercise_of(grade["grade_id"]) if rebuilt else None
+        withheld = rebuilt.reasons.get(exercise) if rebuilt and exercise else None
+        if withheld:
+            passed = False
         tests.append({
             "name": grade["grade_id"],
-            "score": grade["score"],
+            "score": 0.0 if withheld else grade["score"],
             "max_score": grade["max_score"],
             "status": "passed" if passed else "failed",
-            "output": "" if passed else failure_message(cells.get(grade["grade_id"], {})),
+            "output": "" if passed else (withheld or failure_message(cells.get(grade["grade_id"], {}))),
         })
     score = sum(t["score"] for t in tests)
     max_score = sum(t["max_score"] for t in tests)
@@ -47,7 +55,7 @@ def build(grades: list[dict], notebook, chapter: str) -> dict:
         "output": f"{chapter}: {score:g} / {max_score:g} autograded points"
         + (f"; {sum(m['max_score'] for m in manual):g} more points are graded by hand" if manual else ""),
         "tests": tests,
-        "extra_data": {"chapter": chapter, "manual_grading": manual, "flags": []},
+        "extra_data": {"chapter": chapter, "manual_grading": manual, "flags": rebuilt.flags if rebuilt else []},
     }
 
 
