@@ -87,18 +87,23 @@ def _kind(cell) -> str:
     if meta.get("solution"):
         return "answer" if cell.cell_type == "code" else "written"
     if meta.get("grade"):
-        return "hidden" if HIDDEN in cell.source else "visible"
+        if HIDDEN in cell.source:
+            return "hidden"
+        tree = analysis.parse(cell.source)
+        # In a learner's release a hidden test is only its comment: a placeholder.
+        return "hidden" if tree is not None and not tree.body else "visible"
     return cell.cell_type
 
 
 class Chapter:
     """A chapter's master notebook, parsed for grading."""
 
-    def __init__(self, slug: str, master, *, source: str | Path = "", has_hidden: bool = True):
+    def __init__(self, slug: str, master, *, source: str | Path = "", release: bool = False):
         self.slug = slug
+        self.release = release
         self.master = master
         self.origin = str(source)
-        self.learner = _learner_view(master)
+        self.learner = copy.deepcopy(master) if release else _learner_view(master)
         cells, exercise = [], None
         seen: set[str] = set()
         for index, (cell, shown) in enumerate(zip(master.cells, self.learner.cells)):
@@ -145,7 +150,7 @@ class Chapter:
     @classmethod
     def from_release(cls, path: Path, slug: str) -> "Chapter":
         """The learner's own chapter (no solutions, no hidden tests): for ``check``."""
-        return cls(slug, nbformat.read(Path(path), as_version=4), source=path, has_hidden=False)
+        return cls(slug, nbformat.read(Path(path), as_version=4), source=path, release=True)
 
     # ----------------------------------------------------------------- points
     @property

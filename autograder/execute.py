@@ -1,0 +1,141 @@
+"""Run one reconstructed notebook: the learner's cells in the sandbox, the checks in the judge.
+
+The judge process starts first and imports what the checks need while the learner's kernel
+starts and runs the notebook; then the judge runs the planned cells of the master with the
+learner's answers as proxies. Both processes are gone when :func:`execute` returns.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .chapters import Chapter
+from .kernel import StudentKernel
+from .sandbox import Limits, Sandbox, die_with_parent
+
+# Variables of the grader's own environment that the judge keeps (the judge runs trusted
+# code, but it has no need of anything else either).
+JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MINILLM_DATA", "TRITON_INTERPRET", "VIRTUAL_ENV")
+
+
+@dataclass
+class Execution:
+    """What happened: the executed learner notebook, the judge's verdicts, and flags."""
+
+    notebook: nbformat.NotebookNode
+    verdicts: dict[int, dict]            # master cell index → the judge's verdict
+    cells: dict[int, dict]               # learner cell index → status in the learner's kernel
+    described: dict[str, dict]
+    flags: list[dict] = field(default_factory=list)
+    reason: str = ""                     # why the learner's process stopped early, if it did
+    seconds: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    judge_error: str = ""
+
+
+def judge_plan(chapter: Chapter, *, visible_only: bool = False) -> list[dict]:
+    """The cells the judge runs, with their sources from the master."""
+    cells = []
+    for index in chapter.plan:
+        cell = chapter.cells[index]
+        if visible_only and cell.kind == "hidden":
+            continue
+        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
+                      "source": chapter.plan_source(index)})
+    return cells
+
+
+async def _read_line(stream, timeout: float) -> bytes:
+    return await asyncio.wait_for(stream.readline(), timeout)
+
+
+async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
+                  visible_only: bool = False, names: list[str] | None = None) -> Execution:
+    """Execute ``notebook`` (the reconstruction's learner view) and judge it."""
+    seed = secrets.randbelow(2**31) if seed is None else int(seed)
+    started = time.monotonic()
+    sandbox = Sandbox(limits, jobs=jobs)
+    private = Path(tempfile.mkdtemp(prefix="mj-"))
+    os.chmod(private, 0o700)
+    (private / "work").mkdir()
+    notebook_path = sandbox.work / f"{chapter.slug}.ipynb"
+    nbformat.write(notebook, notebook_path)
+    sandbox.chown(notebook_path)
+    plan = {
+        "cells": judge_plan(chapter, visible_only=visible_only),
+        "names": sorted(set(chapter.proxied_names) | set(names or [])),
+        "connection_file": str(sandbox.kernel_dir / "kernel.json"),
+        "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
+        "call_timeout": limits.call_timeout, "seed": seed,
+        "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
+    }
+    (private / "plan.json").write_text(json.dumps(plan))
+    env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
+    env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, jobs)))})
+    judge_log = open(private / "judge.log", "wb")
+    judge = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "autograder.judge", str(private / "plan.json"),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=judge_log,
+        cwd=str(private / "work"), env=env, preexec_fn=die_with_parent, start_new_session=True)
+    kernel = StudentKernel(sandbox, limits, notebook)
+    flags = list(sandbox.isolation.flags)
+    seconds = {}
+    judge_error = ""
+    verdicts: list[dict] = []
+    described: dict = {}
+    try:
+        try:
+            await kernel.start()
+        except Exception as error:  # noqa: BLE001
+            log = (sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
+        seconds["start"] = time.monotonic() - started
+        await kernel.run()
+        seconds["notebook"] = kernel.seconds
+        flags += kernel.flags
+        judge_started = time.monotonic()
+        try:
+            ready = await _read_line(judge.stdout, 120)
+            if ready.strip() != b"ready":
+                raise RuntimeError("the judge did not start")
+            judge.stdin.write(b"go " + json.dumps({"alive": kernel.alive, "reason": kernel.reason}).encode() + b"\n")
+            await judge.stdin.drain()
+            budget = limits.notebook_timeout + limits.call_timeout + 60
+            await asyncio.wait_for(judge.wait(), budget)
+            outcome = json.loads((private / "verdicts.json").read_text())
+            verdicts, described = outcome["cells"], outcome["described"]
+            flags += outcome["events"]
+        except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
+            judge_log.flush()
+            log = (private / "judge.log").read_text(errors="replace")[-3000:]
+            judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
+        seconds["judge"] = time.monotonic() - judge_started
+    finally:
+        if judge.returncode is None:
+            try:
+                judge.kill()
+            except ProcessLookupError:
+                pass
+            await judge.wait()
+        judge_log.close()
+        await kernel.stop()
+        sandbox.remove()
+        shutil.rmtree(private, ignore_errors=True)
+    seconds["total"] = time.monotonic() - started
+    return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
+                     kernel.reason, seconds, seed, judge_error)
+
+
+def execute_sync(*args, **kwargs) -> Execution:
+    return asyncio.run(execute(*args, **kwargs))
