@@ -24,7 +24,7 @@ class TechBandTerm(NamedTuple):
 
 
 CHAPTERS = (
-    Chapter("00_history", "From recurrence to attention: a short history", "the whole shirt: the map", ("minillm.config", "minillm.history"), 75),
+    Chapter("00_history", "From recurrence to attention: a short history", "the whole shirt: the map", ("minillm.config", "minillm.history"), 90),
     Chapter("01_tokenization", "Byte-level BPE tokenization", "right sleeve: \"Code is art...\" → token ids", ("minillm.tokenizer",), 90),
     Chapter("02_embeddings", "Token embeddings", "right sleeve: ids → embeddings", ("minillm.embedding",), 60),
     Chapter("03_positional_encoding", "Positional encodings: sinusoidal, learned, RoPE, ALiBi", "right sleeve: + sinusoidal encodings", ("minillm.positional",), 90),

@@ -36,3 +36,17 @@ def corpus_text() -> str:
 def gpt2_files() -> tuple[Path, Path]:
     """GPT-2's released ``vocab.json`` and ``merges.txt``."""
     return path("gpt2/vocab.json"), path("gpt2/merges.txt")
+
+
+def split_corpus(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """Split ``text`` by characters: the first part trains, the last ``val_fraction`` validates.
+
+    The course defines validation once: the last 10% of the corpus, split before any
+    tokenizer sees it, so tokenizers are trained on the first part only.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    cut = int(len(text) * (1.0 - val_fraction))
+    return text[:cut], text[cut:]

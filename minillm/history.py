@@ -9,7 +9,7 @@ def rnn_forward(x: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor, b_h: to
     """Run an Elman RNN over a sequence, one position at a time.
 
     x: (batch, seq, d_in); W_xh: (d_hidden, d_in); W_hh: (d_hidden, d_hidden); b_h: (d_hidden,).
-    Returns every hidden state, (batch, seq, d_hidden), with h_0 = 0 and
+    Returns every hidden state, (batch, seq, d_hidden), in x's dtype, with h_0 = 0 and
     h_t = tanh(W_xh x_t + W_hh h_{t-1} + b_h).
     """
     if x.dim() != 3:

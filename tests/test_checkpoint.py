@@ -1,0 +1,71 @@
+"""minillm.checkpoint: atomic saves, clear errors, exact random-generator restore."""
+import random
+
+import pytest
+import torch
+
+from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+
+def test_round_trip_of_model_and_optimizer(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    path = save_checkpoint(tmp_path / "run" / "ckpt.pt", {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1})
+    state = load_checkpoint(path, required=("model", "optimizer"))
+    restored = torch.nn.Linear(3, 2)
+    restored.load_state_dict(state["model"])
+    assert torch.equal(restored.weight, model.weight)
+    assert state["step"] == 1
+    assert state["optimizer"]["state"][0]["exp_avg"].shape == (2, 3)
+
+
+def test_random_generators_resume_exactly(tmp_path):
+    torch.manual_seed(1)
+    random.seed(1)
+    save_checkpoint(tmp_path / "rng.pt", {"rng": rng_state()})
+    expected = (torch.rand(5), random.random())
+    torch.manual_seed(99)
+    random.seed(99)
+    set_rng_state(load_checkpoint(tmp_path / "rng.pt")["rng"])
+    got = (torch.rand(5), random.random())
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt.pt", {"step": 1})
+
+    class Unsaveable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(path, {"step": 2, "bad": Unsaveable()})
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"], "a temporary file was left behind"
+
+
+def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nothing.pt")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(corrupt)
+    save_checkpoint(tmp_path / "partial.pt", {"model": {}})
+    with pytest.raises(CheckpointError, match="lacks \\['config'\\]"):
+        load_checkpoint(tmp_path / "partial.pt", required=("model", "config"))
+    with pytest.raises(TypeError, match="state"):
+        save_checkpoint(tmp_path / "x.pt", [1, 2])
+
+
+def test_loading_never_runs_code(tmp_path):
+    class Exploit:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Exploit()}, path)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(path)
