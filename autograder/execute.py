@@ -21,7 +21,7 @@ import nbformat
 
 from .chapters import Chapter
 from .kernel import StudentKernel
-from .sandbox import Limits, Sandbox, die_with_parent
+from .sandbox import Limits, Sandbox, claim, die_with_parent
 
 # Variables of the grader's own environment that the judge keeps (the judge runs trusted
 # code, but it has no need of anything else either).
@@ -60,13 +60,18 @@ async def _read_line(stream, timeout: float) -> bytes:
 
 
 async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
-                  visible_only: bool = False, names: list[str] | None = None) -> Execution:
-    """Execute ``notebook`` (the reconstruction's learner view) and judge it."""
+                  visible_only: bool = False, names: list[str] | None = None,
+                  scratch: Path | None = None) -> Execution:
+    """Execute ``notebook`` (the reconstruction's learner view) and judge it.
+
+    ``scratch``: the folder for the sandbox and the judge's files (default: the system's).
+    """
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
     started = time.monotonic()
-    sandbox = Sandbox(limits, jobs=jobs)
-    private = Path(tempfile.mkdtemp(prefix="mj-"))
+    sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
+    private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
     os.chmod(private, 0o700)
+    claim(private)
     (private / "work").mkdir()
     notebook_path = sandbox.work / f"{chapter.slug}.ipynb"
     nbformat.write(notebook, notebook_path)

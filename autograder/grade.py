@@ -109,7 +109,8 @@ def load_chapter(key: str) -> Chapter:
     return Chapter.load(key)
 
 
-def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None = None) -> dict:
+def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None = None,
+                     scratch: str | None = None) -> dict:
     """Grade one submission; its results, feedback page and instructor notebook (as text)."""
     from .execute import execute_sync
     from .gradebook import instructor_notebook
@@ -131,7 +132,8 @@ def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None =
         outcome = results.unreadable(chapter, reason, submission, kind="wrong-chapter")
         outcome["extra_data"]["flags"] = rebuilt.flags
         return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
-    execution = execute_sync(chapter, rebuilt.notebook, limits, jobs=jobs, seed=seed)
+    execution = execute_sync(chapter, rebuilt.notebook, limits, jobs=jobs, seed=seed,
+                             scratch=Path(scratch) if scratch else None)
     outcome = results.build(chapter, rebuilt, execution, submission)
     if execution.judge_error:
         outcome["extra_data"]["grader_error"] = execution.judge_error[-4000:]
@@ -146,9 +148,9 @@ def _worker_init() -> None:
     die_with_parent()
 
 
-def _grade_job(job: Job, limits: Limits, jobs: int, seed: int | None) -> dict:
+def _grade_job(job: Job, limits: Limits, jobs: int, seed: int | None, scratch: str | None = None) -> dict:
     try:
-        return grade_submission(job, limits, jobs, seed)
+        return grade_submission(job, limits, jobs, seed, scratch)
     except Exception as error:  # noqa: BLE001 - one submission must never stop the batch
         import traceback
 
@@ -217,19 +219,24 @@ def write_summary(out: Path, done: list[tuple[Job, dict]]) -> Path:
 
 def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, force: bool = False,
                 limits: Limits | None = None, course: Path | None | bool = None, master: Path | None = None,
-                progress: bool = False, seed: int | None = None) -> list[dict]:
+                progress: bool = False, seed: int | None = None, scratch: Path | None = None) -> list[dict]:
     """Grade each file into ``out/<name>/``; the results of each, in order.
 
     ``course``: the nbgrader course directory to record scores in (default ``out/nbgrader``;
     False for none). ``master``: grade against this master notebook instead of a chapter of
-    the course. ``jobs``: submissions graded at once.
+    the course. ``jobs``: submissions graded at once. ``scratch``: where sandboxes live while
+    they run (default: the system's temporary folder).
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    scratch = str(Path(scratch).resolve()) if scratch else None
     out = Path(out)
     limits = limits or Limits()
     batch = plan(files, chapter, master)
     out.mkdir(parents=True, exist_ok=True)
+    from .sandbox import sweep_stale
+
+    sweep_stale(Path(scratch) if scratch else None)
     gradebook = None
     if course is not False:
         from .gradebook import CourseGradebook
@@ -253,14 +260,15 @@ def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, 
     try:
         if jobs == 1 or len(todo) <= 1:
             for job in todo:
-                done[job.path] = _finish(job, _grade_job(job, limits, jobs, seed), out, gradebook)
+                done[job.path] = _finish(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
                 bar.update(1)
         else:
             import multiprocessing
 
             context = multiprocessing.get_context("forkserver")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_init) as pool:
-                pending = {pool.submit(_grade_job, job, limits, jobs, seed): job for job in todo}
+                pending = {pool.submit(_grade_job, job, limits, jobs, seed, str(scratch) if scratch else None): job
+                           for job in todo}
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:

@@ -118,7 +118,7 @@ class Remote:
         """Interrupt a call that ran too long; True when the kernel answers again."""
         message = self.kc.session.msg("interrupt_request", content={})
         self.kc.control_channel.send(message)
-        probe = self._execute("None", 3.0)
+        probe = self._execute("None", 5.0)
         return probe is not None
 
     def _read_reply(self, call_id: str) -> bytes | None:

@@ -101,7 +101,7 @@ class StudentKernel:
         self.km.ip = str(sandbox.kernel_dir / "k")
         self.client = CappedClient(
             notebook, km=self.km, limit=limits.output, timeout=int(limits.cell_timeout), allow_errors=True,
-            interrupt_on_timeout=False, record_timing=False, store_widget_state=False, iopub_timeout=2,
+            interrupt_on_timeout=False, record_timing=False, store_widget_state=False, iopub_timeout=10,
             raise_on_iopub_timeout=False, startup_timeout=60, shutdown_kernel="immediate",
             extra_arguments=["--HistoryManager.enabled=False"],
         )
@@ -139,6 +139,14 @@ class StudentKernel:
 
     async def run(self) -> None:
         """Run every code cell of the notebook within the limits."""
+        try:
+            await self._run()
+        finally:
+            if self.client.truncated_cells:
+                self.flags.append({"kind": "output-truncated", "detail": f"output past {self.limits.output:,} bytes "
+                                   f"was dropped (cells {sorted(self.client.truncated_cells)})"})
+
+    async def _run(self) -> None:
         deadline = time.monotonic() + self.limits.notebook_timeout
         count = 0
         for index, cell in enumerate(self.notebook.cells):
@@ -165,7 +173,7 @@ class StudentKernel:
                 self.flags.append({"kind": "cell-timeout", "cell": cell.metadata.get("nbgrader", {}).get("grade_id"),
                                    "detail": f"cell {index} ran longer than {self.client.timeout} s and was stopped"})
                 await self.km.interrupt_kernel()
-                if not await self._responsive(grace=3.0):
+                if not await self._responsive(grace=5.0):
                     self.alive = False
                     self.reason = (f"not run: your notebook's process was stuck in cell {index}, which ran longer than "
                                    f"{self.client.timeout} s and ignored the interrupt")
@@ -183,9 +191,6 @@ class StudentKernel:
             finally:
                 self.cells.setdefault(index, {})["seconds"] = round(time.monotonic() - start, 3)
                 self.seconds += time.monotonic() - start
-        if self.client.truncated_cells:
-            self.flags.append({"kind": "output-truncated", "detail": f"output past {self.limits.output:,} bytes "
-                               f"was dropped (cells {sorted(self.client.truncated_cells)})"})
         if not await self.km.is_alive():
             self.alive = False
             self.reason = "your notebook's process exited at the end of the notebook"

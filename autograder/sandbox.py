@@ -165,6 +165,33 @@ def read_only_paths() -> list[str]:
     return paths
 
 
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def claim(folder: Path) -> None:
+    """Mark ``folder`` as this process's, so that a later run can sweep it if we are killed."""
+    (Path(folder) / ".owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
+
+
+def sweep_stale(parent: Path | None = None) -> list[Path]:
+    """Remove the sandbox and judge folders of grading processes that no longer exist."""
+    parent = Path(parent or tempfile.gettempdir())
+    removed = []
+    for folder in list(parent.glob("mg-*")) + list(parent.glob("mj-*")):
+        try:
+            pid, started = (folder / ".owner").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid)) != started:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class Sandbox:
     """One learner's sandbox: its folders, its user, its limits and how to start in it.
 
@@ -183,6 +210,7 @@ class Sandbox:
         self.isolation = isolation()
         self.base = Path(tempfile.mkdtemp(prefix="mg-", dir=parent))
         os.chmod(self.base, 0o711)
+        claim(self.base)
         self.share = self.base / "share"
         self.work, self.req, self.rep, self.kernel_dir = (self.share / n for n in ("work", "req", "rep", "kernel"))
         for folder in (self.share, self.work, self.req, self.rep, self.kernel_dir, self.base / "rootfs"):

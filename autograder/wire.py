@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import struct
+import sys
 
 MAGIC = b"MLW1"
 MAX_DEPTH = 64
@@ -32,6 +33,12 @@ def _torch():
 def _numpy():
     import numpy
     return numpy
+
+
+def _is_plain_iterator(value) -> bool:
+    import types
+    return isinstance(value, (types.GeneratorType, map, filter, zip, enumerate, reversed)) or (
+        type(value).__name__.endswith("iterator") and hasattr(value, "__next__"))
 
 
 def _is_namedtuple(value) -> bool:
@@ -74,12 +81,11 @@ class Encoder:
             return str(value)
         if isinstance(value, (bytes, bytearray)):
             return {"$": "bytes", "v": base64.b64encode(bytes(value)).decode()}
-        module = type(value).__module__.split(".")[0]
-        if module == "torch":
+        if "torch" in sys.modules:
             encoded = self._torch_value(value)
             if encoded is not None:
                 return encoded
-        if module == "numpy":
+        if "numpy" in sys.modules:
             encoded = self._numpy_value(value, depth)
             if encoded is not None:
                 return encoded
@@ -107,6 +113,14 @@ class Encoder:
             return {"$": "dataclass", "name": type(value).__name__,
                     "fields": {f.name: self.encode(getattr(value, f.name), depth + 1)
                                for f in dataclasses.fields(value)}}
+        if self.register is None and _is_plain_iterator(value):
+            # A generator or iterator of data crosses as its items (it is consumed here).
+            items = []
+            for item in value:
+                items.append(self.encode(item, depth + 1))
+                if len(items) > MAX_ITEMS:
+                    raise WireError("the iterator yields too many items")
+            return {"$": "iter", "v": items}
         if self.register is not None:
             return {"$": "handle", **self.register(value)}
         raise WireError(f"a value of type {type(value).__name__} cannot be sent to the learner's code "
@@ -203,6 +217,8 @@ class Decoder:
             return base64.b64decode(str(value))
         if kind == "tuple":
             return tuple(self.decode(v, depth + 1) for v in self._list(value))
+        if kind == "iter":
+            return iter([self.decode(v, depth + 1) for v in self._list(value)])
         if kind in ("set", "frozenset"):
             items = [self.decode(v, depth + 1) for v in self._list(value)]
             return set(items) if kind == "set" else frozenset(items)

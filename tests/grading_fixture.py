@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -116,3 +117,64 @@ def cell_of(data: dict, grade_id: str) -> dict:
         if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
             return cell
     raise KeyError(grade_id)
+
+
+CLASS_SLUG = "91_classes"
+CLASS_CELLS = [
+    ("code", "import torch"),
+    ("code", "#| answer affine\n"
+             "class Affine(torch.nn.Module):\n"
+             '    """y = x W^T + b, as torch.nn.Linear, through an attribute named linear."""\n'
+             "    def __init__(self, d_in: int, d_out: int):\n"
+             "        super().__init__()\n"
+             "        ### BEGIN SOLUTION\n        self.linear = torch.nn.Linear(d_in, d_out)\n        ### END SOLUTION\n\n"
+             "    def forward(self, x):\n"
+             "        ### BEGIN SOLUTION\n        return self.linear(x)\n        ### END SOLUTION"),
+    ("code", "#| test affine_hidden points=3\n### BEGIN HIDDEN TESTS\n"
+             "model = Affine(3, 2)\n"
+             "assert isinstance(model, Affine), 'Affine(3, 2) is not an Affine'\n"
+             "assert sum(p.numel() for p in model.parameters()) == 8, 'Affine(3, 2) should have 8 parameters'\n"
+             "assert model.linear.weight.shape == (2, 3), 'linear.weight should be (2, 3)'\n"
+             "reference = torch.nn.Linear(3, 2)\n"
+             "missing = model.load_state_dict({'linear.weight': reference.weight.detach(), 'linear.bias': reference.bias.detach()})\n"
+             "assert not missing.missing_keys and len(model.state_dict()) == 2\n"
+             "x = torch.randn(5, 3)\n"
+             "assert torch.allclose(model(x), reference(x)), 'Affine.forward differs from torch.nn.Linear'\n"
+             "assert len(list(model.children())) == 1\n"
+             "### END HIDDEN TESTS"),
+]
+
+
+def class_master_notebook() -> nbformat.NotebookNode:
+    """A master whose one exercise is a class (a torch module) tested from outside."""
+    notebook = nbformat.v4.new_notebook()
+    for index, (kind, source) in enumerate(CLASS_CELLS):
+        cell = nbformat.v4.new_code_cell(source)
+        apply_directives(cell, f"class fixture cell {index}")
+        cell.id = cell.metadata.get("nbgrader", {}).get("grade_id") or f"c{index:03d}"
+        notebook.cells.append(cell)
+    notebook.metadata = master_notebook().metadata
+    return notebook
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder all pytest-xdist workers of this session share (the session's own otherwise)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once(tmp_path_factory, name: str, build):
+    """``build(folder)`` (JSON-able) computed once per test session, by whichever worker asks
+    first; the others wait for it. Grouping tests on one worker (``xdist_group``) is not
+    relied on: pytest 9.2 ignores the node ids pytest-xdist 3.8 rewrites for it."""
+    import fcntl
+
+    shared = shared_folder(tmp_path_factory)
+    folder = shared / f"once-{name}"
+    with open(shared / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "done.json"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
