@@ -43,15 +43,25 @@ class Execution:
     judge_error: str = ""
 
 
-def judge_plan(chapter: Chapter, *, visible_only: bool = False) -> list[dict]:
-    """The cells the judge runs, with their sources from the master."""
-    cells = []
+def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> list[dict]:
+    """The cells the judge runs, with their sources from the master.
+
+    ``early`` marks the leading cells that read none of the learner's names: the judge runs
+    them while the learner's notebook is still running.
+    """
+    from . import analysis
+
+    cells, leading = [], True
+    learner = set(names)
     for index in chapter.plan:
         cell = chapter.cells[index]
         if visible_only and cell.kind == "hidden":
             continue
-        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
-                      "source": chapter.plan_source(index)})
+        source = chapter.plan_source(index)
+        fact = analysis.facts(source)
+        leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
+        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test, "source": source,
+                      "early": leading})
     return cells
 
 
@@ -76,10 +86,10 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     notebook_path = sandbox.work / f"{chapter.slug}.ipynb"
     nbformat.write(notebook, notebook_path)
     sandbox.chown(notebook_path)
+    learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
-        "cells": judge_plan(chapter, visible_only=visible_only),
-        "names": sorted(set(chapter.proxied_names) | set(names or [])),
-        "connection_file": str(sandbox.kernel_dir / "kernel.json"),
+        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
+        "names": learner_names, "uid": sandbox.uid,
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
         "call_timeout": limits.call_timeout, "seed": seed,
         "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
@@ -87,6 +97,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     (private / "plan.json").write_text(json.dumps(plan))
     env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
     env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+                "IPYTHONDIR": str(private / "ipython"),
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, jobs)))})
     judge_log = open(private / "judge.log", "wb")
     judge = await asyncio.create_subprocess_exec(
@@ -114,7 +125,10 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
             ready = await _read_line(judge.stdout, 120)
             if ready.strip() != b"ready":
                 raise RuntimeError("the judge did not start")
-            judge.stdin.write(b"go " + json.dumps({"alive": kernel.alive, "reason": kernel.reason}).encode() + b"\n")
+            connection = {k: (v.decode() if isinstance(v, bytes) else v)
+                          for k, v in kernel.km.get_connection_info().items()}
+            status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
+            judge.stdin.write(b"go " + json.dumps(status).encode() + b"\n")
             await judge.stdin.drain()
             budget = limits.notebook_timeout + limits.call_timeout + 60
             await asyncio.wait_for(judge.wait(), budget)

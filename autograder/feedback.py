@@ -106,8 +106,6 @@ def display_notebook(chapter, notebook, results: dict, verdicts: dict | None) ->
 
 def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
     """The feedback page."""
-    from nbconvert import HTMLExporter
-
     shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
     rows = "".join(
         f"<tr><td>{html.escape(t.get('number', ''))}</td><td>{html.escape(t['name'])}</td>"
@@ -129,9 +127,20 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
     )
     if shown is None:
         return f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{summary}</body></html>"
-    exporter = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(shown)
+    body, _ = _exporter().from_notebook_node(shown)
     return _insert(body, summary)
+
+
+_EXPORTER = None
+
+
+def _exporter():
+    global _EXPORTER
+    if _EXPORTER is None:
+        from nbconvert import HTMLExporter
+
+        _EXPORTER = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
+    return _EXPORTER
 
 
 def _insert(page: str, summary: str) -> str:

@@ -65,7 +65,7 @@ class Remote:
     """The connection to the learner's kernel."""
 
     def __init__(self, plan: dict, status: dict):
-        self.plan = plan
+        self.plan, self.status = plan, status
         self.timeout = float(plan["call_timeout"])
         self.req, self.rep = plan["req_dir"], plan["rep_dir"]
         self.calls = 0
@@ -84,8 +84,17 @@ class Remote:
 
         self.rep_fd = os.open(self.rep, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self.req_fd = os.open(self.req, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        info = dict(self.status["connection"])
+        # The learner's process owns the folder of its sockets: connect only to sockets it
+        # made, never to whatever a path may have been replaced with.
+        for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
+            where = f"{info['ip']}-{info[name]}"
+            found = os.lstat(where)
+            if not stat.S_ISSOCK(found.st_mode) or (self.plan.get("uid") is not None
+                                                       and found.st_uid != self.plan["uid"]):
+                raise RuntimeError(f"{where} is not the kernel's socket")
         kc = BlockingKernelClient()
-        kc.load_connection_file(self.plan["connection_file"])
+        kc.load_connection_info(info)
         kc.start_channels(shell=True, iopub=False, stdin=False, hb=True, control=True)
         self.kc = kc
         from .server import boot_code
@@ -351,57 +360,95 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(plan: dict, status: dict) -> dict:
+def shell_for(plan: dict):
+    """A clean IPython shell for the checks: no history, no traceback printing."""
+    from traitlets.config import Config
     from IPython.core.interactiveshell import InteractiveShell
-    from IPython.utils.capture import capture_output
 
-    shell = InteractiveShell.instance()
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=config)
     # Tracebacks would quote the checks' code: the verdict keeps the exception only.
     shell.showtraceback = lambda *args, **kwargs: None
     shell.showsyntaxerror = lambda *args, **kwargs: None
     global _namespace
     _namespace = shell.user_ns
-    remote = Remote(plan, status)
-    described = bind_answers(remote, plan["names"], shell.user_ns)
+    return shell
+
+
+def run_cell(shell, plan: dict, position: int, calls) -> dict:
+    from IPython.utils.capture import capture_output
+
+    cell = plan["cells"][position]
+    if cell["test"]:
+        _seed(plan["seed"] + position)
+    start = time.monotonic()
+    calls_before = calls()
+    with capture_output(display=False) as captured:
+        result = shell.run_cell(cell["source"], store_history=False, silent=False)
+    error = result.error_in_exec or result.error_before_exec
+    verdict = {
+        "index": cell["index"], "grade_id": cell.get("grade_id"), "test": cell["test"],
+        "status": "passed" if error is None else "failed",
+        "stdout": captured.stdout[-MAX_TEXT:], "stderr": captured.stderr[-MAX_TEXT:],
+        "seconds": round(time.monotonic() - start, 3), "calls": calls() - calls_before,
+    }
+    if error is not None:
+        verdict["ename"] = type(error).__name__
+        verdict["evalue"] = str(error)[:MAX_TEXT]
+        verdict["student"] = isinstance(error, StudentError)
+        verdict["unavailable"] = isinstance(error, Unavailable)
+    return verdict
+
+
+def prepare(plan: dict, shell) -> list[dict]:
+    """While the learner's notebook runs: import what the checks import, and run the
+    leading cells of the plan that read none of the learner's names (the set-up)."""
+    import ast
+
+    for cell in plan["cells"]:
+        try:
+            tree = ast.parse(shell.transform_cell(cell["source"]))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                try:
+                    exec(compile(ast.Module([node], []), "<imports>", "exec"), {})
+                except BaseException:  # noqa: BLE001 - the cell itself will report it
+                    pass
     verdicts = []
     for position, cell in enumerate(plan["cells"]):
-        if cell["test"]:
-            _seed(plan["seed"] + position)
-        start = time.monotonic()
-        calls_before = remote.calls
-        with capture_output(display=False) as captured:
-            result = shell.run_cell(cell["source"], store_history=False, silent=False)
-        error = result.error_in_exec or result.error_before_exec
-        verdict = {
-            "index": cell["index"], "grade_id": cell.get("grade_id"), "test": cell["test"],
-            "status": "passed" if error is None else "failed",
-            "stdout": captured.stdout[-MAX_TEXT:], "stderr": captured.stderr[-MAX_TEXT:],
-            "seconds": round(time.monotonic() - start, 3), "calls": remote.calls - calls_before,
-        }
-        if error is not None:
-            verdict["ename"] = type(error).__name__
-            verdict["evalue"] = str(error)[:MAX_TEXT]
-            verdict["student"] = isinstance(error, StudentError)
-            verdict["unavailable"] = isinstance(error, Unavailable)
-        verdicts.append(verdict)
+        if cell["test"] or not cell.get("early"):
+            break
+        verdicts.append(run_cell(shell, plan, position, lambda: 0))
+    return verdicts
+
+
+def run(plan: dict, status: dict, shell, verdicts: list[dict]) -> dict:
+    remote = Remote(plan, status)
+    described = bind_answers(remote, plan["names"], shell.user_ns)
+    for position in range(len(verdicts), len(plan["cells"])):
+        verdicts.append(run_cell(shell, plan, position, lambda: remote.calls))
     return {"cells": verdicts, "described": described, "events": remote.events, "calls": remote.calls,
             "down": remote.down}
 
 
 def main(argv: list[str]) -> int:
     plan = json.loads(Path(argv[1]).read_text())
-    # Import what the checks need while the learner's notebook runs.
+    os.chdir(plan["workdir"])
+    # Work while the learner's notebook runs: imports, the checks' set-up cells.
     import torch  # noqa: F401
-    import IPython.core.interactiveshell  # noqa: F401
     import jupyter_client  # noqa: F401
+    shell = shell_for(plan)
+    early = prepare(plan, shell)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     line = sys.stdin.readline()
     if not line.startswith("go "):
         return 2
     status = json.loads(line[3:])
-    os.chdir(plan["workdir"])
-    outcome = run(plan, status)
+    outcome = run(plan, status, shell, early)
     out = Path(plan["out"])
     temporary = out.with_name(out.name + ".tmp")
     temporary.write_text(json.dumps(outcome))

@@ -187,6 +187,8 @@ def sweep_stale(parent: Path | None = None) -> list[Path]:
         except (OSError, ValueError):
             continue
         if _start_time(int(pid)) != started:
+            if os.path.ismount(folder / "share"):
+                unmount(folder / "share")
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
@@ -213,8 +215,18 @@ class Sandbox:
         claim(self.base)
         self.share = self.base / "share"
         self.work, self.req, self.rep, self.kernel_dir = (self.share / n for n in ("work", "req", "rep", "kernel"))
-        for folder in (self.share, self.work, self.req, self.rep, self.kernel_dir, self.base / "rootfs"):
-            folder.mkdir(mode=0o755 if folder in (self.share, self.req) else 0o700)
+        self.share.mkdir(mode=0o755)
+        (self.base / "rootfs").mkdir(mode=0o700)
+        self.mounted = False
+        if self.isolation.namespaces:
+            # Everything the learner's process can write lies on a size-limited tmpfs.
+            from ._launch import MS_NODEV, MS_NOSUID, mount
+
+            mount("tmpfs", self.share, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"size={limits.tmp},nr_inodes=20000,mode=755")
+            self.mounted = True
+        for folder in (self.work, self.req, self.rep, self.kernel_dir):
+            folder.mkdir(mode=0o755 if folder == self.req else 0o700)
         self.uid = self.gid = None
         if self.isolation.namespaces:
             self.uid = self.gid = random.randrange(200_000, 2_000_000)
@@ -307,7 +319,15 @@ class Sandbox:
 
     def remove(self) -> None:
         self.kill_all()
+        if self.mounted:
+            unmount(self.share)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def unmount(path: Path) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).umount2(str(path).encode(), 2)  # MNT_DETACH
 
 
 def die_with_parent() -> None:

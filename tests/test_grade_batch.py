@@ -147,3 +147,25 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
     with open(tmp_path / "grades.csv") as stream:
         exported = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(stream)}
     assert exported == {f"student{i}__{fx.SLUG}": (6.0 if i % 2 == 0 else 0.0) for i in range(3)}
+
+
+@pytest.mark.grading
+def test_check_reports_each_exercise_with_the_visible_checks_only(tmp_path):
+    import io
+
+    from autograder.check import report
+    from autograder.sandbox import Limits
+
+    chapter = Chapter.load("00_history")
+    solved = {c.grade_id: c.source for c in chapter.answers if c.grade_id in ("rnn_forward", "ffn_parameters")}
+    solved["self_attention"] = "def self_attention(x):\n    return x\n"
+    path = fx.write(fx.submission(chapter, solved), tmp_path / "00_history.ipynb")
+    printed = io.StringIO()
+    outcome = report(str(path), Limits(cell_timeout=60, call_timeout=60), stream=printed)
+    assert outcome["checks"] == {"rnn_forward_visible": True, "self_attention_visible": False,
+                                 "attention_parameters_visible": False, "ffn_parameters_visible": True,
+                                 "count_parameters_visible": False}
+    text = printed.getvalue()
+    assert "self_attention_visible: CheckFailed: self_attention: values differ" in text
+    assert "not answered yet" in text and "a hidden check, run when your notebook is graded" in text
+    assert "2 of 5 visible checks pass." in text
