@@ -11,6 +11,8 @@ import json
 import os
 import secrets
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,8 +67,49 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> lis
     return cells
 
 
-async def _read_line(stream, timeout: float) -> bytes:
-    return await asyncio.wait_for(stream.readline(), timeout)
+class Zygote:
+    """A pre-warmed judge parent (``python -m autograder.judge --zygote``), one per process.
+
+    Importing torch and IPython costs seconds of CPU; the zygote pays it once and forks a
+    fresh judge for each submission.
+    """
+
+    _running: dict[tuple, "Zygote"] = {}
+
+    def __init__(self, env: dict):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.judge", "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(), preexec_fn=die_with_parent, text=True)
+        if self.process.stdout.readline().strip() != "zygote":
+            raise RuntimeError("the judges' zygote did not start")
+
+    @classmethod
+    def get(cls, env: dict) -> "Zygote":
+        key = tuple(sorted((k, v) for k, v in env.items() if k != "IPYTHONDIR"))
+        zygote = cls._running.get(key)
+        if zygote is None or zygote.process.poll() is not None:
+            zygote = cls._running[key] = cls(env)
+        return zygote
+
+    def spawn(self, plan: Path, channel: Path, log: Path, env: dict) -> int:
+        request = {"plan": str(plan), "channel": str(channel), "log": str(log), "env": env}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return int(self.process.stdout.readline())
+
+
+def _kill_judge(judge: tuple[int, str] | None) -> None:
+    """Kill the judge (a pid and its start time, so that a reused pid is never hit)."""
+    if not judge or not judge[0]:
+        return
+    from .sandbox import _start_time
+
+    pid, started = judge
+    if _start_time(pid) == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
@@ -97,13 +140,33 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     (private / "plan.json").write_text(json.dumps(plan))
     env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
     env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
-                "IPYTHONDIR": str(private / "ipython"),
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, jobs)))})
-    judge_log = open(private / "judge.log", "wb")
-    judge = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "autograder.judge", str(private / "plan.json"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=judge_log,
-        cwd=str(private / "work"), env=env, preexec_fn=die_with_parent, start_new_session=True)
+    judge_env = {**env, "IPYTHONDIR": str(private / "ipython")}
+    loop = asyncio.get_running_loop()
+    connected = loop.create_future()
+
+    async def on_connect(reader, writer):
+        if not connected.done():
+            connected.set_result((reader, writer))
+        else:
+            writer.close()
+
+    channel = private / "judge.sock"
+    listener = await asyncio.start_unix_server(on_connect, path=str(channel))
+    os.chmod(channel, 0o600)
+    judge_pid = None
+    fallback = None
+    from .sandbox import _start_time
+
+    try:
+        judge_pid = Zygote.get(env).spawn(private / "plan.json", channel, private / "judge.log", judge_env)
+    except (OSError, ValueError, RuntimeError):
+        fallback = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
+            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
+            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
+        judge_pid = fallback.pid
+    judge = (judge_pid, _start_time(judge_pid))
     kernel = StudentKernel(sandbox, limits, notebook)
     flags = list(sandbox.isolation.flags)
     seconds = {}
@@ -122,32 +185,29 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
         flags += kernel.flags
         judge_started = time.monotonic()
         try:
-            ready = await _read_line(judge.stdout, 120)
+            reader, writer = await asyncio.wait_for(connected, 120)
+            ready = await asyncio.wait_for(reader.readline(), 120)
             if ready.strip() != b"ready":
                 raise RuntimeError("the judge did not start")
             connection = {k: (v.decode() if isinstance(v, bytes) else v)
                           for k, v in kernel.km.get_connection_info().items()}
             status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
-            judge.stdin.write(b"go " + json.dumps(status).encode() + b"\n")
-            await judge.stdin.drain()
+            writer.write(b"go " + json.dumps(status).encode() + b"\n")
+            await writer.drain()
             budget = limits.notebook_timeout + limits.call_timeout + 60
-            await asyncio.wait_for(judge.wait(), budget)
+            await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
             outcome = json.loads((private / "verdicts.json").read_text())
             verdicts, described = outcome["cells"], outcome["described"]
             flags += outcome["events"]
         except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
-            judge_log.flush()
-            log = (private / "judge.log").read_text(errors="replace")[-3000:]
+            log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
             judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
         seconds["judge"] = time.monotonic() - judge_started
     finally:
-        if judge.returncode is None:
-            try:
-                judge.kill()
-            except ProcessLookupError:
-                pass
-            await judge.wait()
-        judge_log.close()
+        _kill_judge(judge)
+        if fallback is not None:
+            await fallback.wait()
+        listener.close()
         await kernel.stop()
         sandbox.remove()
         shutil.rmtree(private, ignore_errors=True)

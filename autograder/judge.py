@@ -434,17 +434,22 @@ def run(plan: dict, status: dict, shell, verdicts: list[dict]) -> dict:
             "down": remote.down}
 
 
-def main(argv: list[str]) -> int:
-    plan = json.loads(Path(argv[1]).read_text())
+def serve(plan_path: str, channel_path: str) -> int:
+    """One judge: talk over the Unix socket at ``channel_path`` (``ready``, then ``go {...}``)."""
+    import socket
+
+    plan = json.loads(Path(plan_path).read_text())
     os.chdir(plan["workdir"])
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    channel.connect(channel_path)
+    stream = channel.makefile("rwb", buffering=0)
     # Work while the learner's notebook runs: imports, the checks' set-up cells.
     import torch  # noqa: F401
     import jupyter_client  # noqa: F401
     shell = shell_for(plan)
     early = prepare(plan, shell)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    line = sys.stdin.readline()
+    stream.write(b"ready\n")
+    line = stream.readline().decode()
     if not line.startswith("go "):
         return 2
     status = json.loads(line[3:])
@@ -454,6 +459,62 @@ def main(argv: list[str]) -> int:
     temporary.write_text(json.dumps(outcome))
     os.replace(temporary, out)
     return 0
+
+
+def zygote() -> int:
+    """A pre-warmed parent of judges: imports once, forks one fresh judge per request.
+
+    Requests on stdin, one JSON line each (``plan``, ``channel``, ``log``, ``env``); the
+    answer is the child's pid. Each child is a clean process (nothing ran in the parent but
+    imports), with the environment it was asked for; it dies if the zygote dies.
+    """
+    import ctypes
+    import signal
+
+    import torch  # noqa: F401
+    import numpy  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import jupyter_client  # noqa: F401
+    import IPython.core.interactiveshell  # noqa: F401
+    import IPython.utils.capture  # noqa: F401
+    import traitlets.config  # noqa: F401
+    from . import server  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    sys.stdout.write("zygote\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.setsid()
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the zygote
+                log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.environ.clear()
+                os.environ.update(request["env"])
+                code = serve(request["plan"], request["channel"])
+            except BaseException:  # noqa: BLE001 - report, then leave without unwinding the parent's state
+                import traceback
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--zygote"]:
+        return zygote()
+    return serve(argv[1], argv[2])
 
 
 if __name__ == "__main__":

@@ -128,8 +128,15 @@ class Server:
             reply = self.wire.dumps({"ok": False, "type": type(error).__name__, "message": _safe_str(error),
                                      "frames": frames})
         temporary = os.path.join(self.rep, "." + call_id)
-        with open(temporary, "wb") as stream:
-            stream.write(reply)
+        try:
+            with open(temporary, "wb") as stream:
+                stream.write(reply)
+        except OSError as error:  # too large for the sandbox's file size limit, most likely
+            reply = self.wire.dumps({"ok": False, "type": "ValueError", "frames": [],
+                                     "message": f"the value returned could not be sent to the grader "
+                                                f"({len(reply):,} bytes: {_safe_str(error, 200)})"})
+            with open(temporary, "wb") as stream:
+                stream.write(reply)
         os.replace(temporary, os.path.join(self.rep, call_id))
 
 
