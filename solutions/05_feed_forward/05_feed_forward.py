@@ -1,0 +1,1140 @@
+# %% [markdown]
+# # Chapter 05 · The feed-forward network: GELU and SwiGLU
+#
+# **Where this sits on the tee:** the left sleeve's middle row, *Dense → GELU/ReLU →
+# Dense*, between the two "Add & Norm" boxes; and two terms of the Tech Band, **FFN** and
+# **SwiGLU**.
+#
+# **You will be able to**
+# - say what the position-wise feed-forward network does that attention does not, and
+#   check that it treats every position alone;
+# - implement GELU exactly and in the tanh form GPT-2 uses, and match PyTorch's
+#   `gelu` in both settings;
+# - implement SwiGLU, the gated network of PaLM and LLaMA, and size its hidden layer with
+#   the 2/3 rule so it costs what a 4× GELU network costs;
+# - count an FFN's parameters and floating-point operations (FLOPs) exactly, and check the
+#   counts against the built modules;
+# - compare ReLU, GELU and SwiGLU in a small training experiment, and judge the result
+#   against the noise between seeds.
+#
+# **Prerequisites:** chapter 00 (`ModelConfig`, `ffn_parameters`); PyTorch's
+# `torch.nn.Linear`. Chapter 04 (attention) helps but is not needed.
+#
+# **Time:** about 20 minutes of reading, 40 minutes of exercises.
+#
+# **How the exercises work.** Each exercise has an answer cell (replace
+# `raise NotImplementedError()` with your code), a *visible test* that explains what is
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
+# cell after the tests binds a new name to your function if it works, or to the course's
+# reference if it does not, so you can always read on.
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm.auto import tqdm
+
+from minillm import course
+from minillm.config import PRESETS, ModelConfig, block_parameters, ffn_parameters
+from minillm.data import corpus_text, split_corpus
+
+device = course.setup(seed=0)
+
+# %% [markdown]
+# ## The position-wise feed-forward network
+#
+# A Transformer layer has two sub-layers. **Attention** (chapter 04) moves information
+# *between* positions: each token gathers what it needs from the others. The
+# **feed-forward network** (FFN) then works on each position *alone*: the same small
+# two-layer perceptron, with the same weights, applied to every token's vector. It is
+# where most of a layer's parameters live (two thirds of them in GPT-2), and a useful
+# picture of what it does is a large key-value memory: the first matrix holds $d_{ff}$
+# "keys" that each token's vector is matched against, the activation keeps the matches,
+# and the second matrix adds up the "values" of the matches (Geva et al., 2021).
+#
+# For a token vector $x \in \mathbb{R}^{d}$ (`d_model`),
+#
+# $$\mathrm{FFN}(x) = W_2\, \phi(W_1 x + b_1) + b_2, \qquad
+# W_1 \in \mathbb{R}^{d_{ff} \times d},\; W_2 \in \mathbb{R}^{d \times d_{ff}},$$
+#
+# with an elementwise activation $\phi$. The hidden width $d_{ff}$ is wider than $d$: the
+# 2017 Transformer, BERT and GPT-2 all use $d_{ff} = 4d$ (GPT-2 small: $d = 768$,
+# $d_{ff} = 3072$), which is why `ModelConfig` defaults to it. The network then has
+# $2\,d\,d_{ff} + d_{ff} + d = 8d^2 + 5d$ parameters, against $4d^2 + 4d$ for attention.
+#
+# "Position-wise" means: for an input of shape `(batch, seq, d_model)` the FFN is the same
+# function on each of the `batch * seq` vectors. `torch.nn.Linear` already acts on the
+# last dimension only, so no loop over positions is needed.
+#
+# ### Activations: ReLU and GELU
+#
+# The 2017 Transformer used $\mathrm{ReLU}(x) = \max(0, x)$: a hard gate that passes a
+# positive input and zeroes a negative one. GPT, BERT and GPT-2 use the **Gaussian error
+# linear unit** (Hendrycks & Gimpel, 2016), which gates $x$ by the probability that a
+# standard normal variable falls below it:
+#
+# $$\mathrm{GELU}(x) = x\,\Phi(x) = \frac{x}{2}\left(1 + \operatorname{erf}\frac{x}{\sqrt 2}\right),$$
+#
+# where $\Phi$ is the standard normal CDF and $\operatorname{erf}$ the error function
+# (`torch.erf`). GELU is smooth, nearly $x$ for large $x$, nearly $0$ for very negative
+# $x$, and slightly negative in between: it dips to about $-0.17$ near $x = -0.75$.
+#
+# The erf was slow on accelerators when GPT-2 was written, so its code used a tanh
+# approximation (in Hugging Face's library it is called `gelu_new`):
+#
+# $$\mathrm{GELU}_{\tanh}(x) = \frac{x}{2}\left(1 + \tanh\!\Big(\sqrt{2/\pi}\,\big(x + 0.044715\,x^3\big)\Big)\right).$$
+#
+# To reproduce GPT-2's outputs with its released weights you need this form, not the exact
+# one. PyTorch offers both: `F.gelu(x)` and `F.gelu(x, approximate="tanh")`.
+
+# %% [markdown]
+# Cells that begin with `#| export` become part of the `minillm` package. This one starts
+# the module `minillm/ffn.py`; your answers below are the next parts of it.
+
+# %%
+#| export minillm/ffn.py
+"""The position-wise feed-forward network: GELU/ReLU and SwiGLU, counts, a registry (chapter 05)."""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# %% [markdown]
+# ### Exercise 1 · GELU, the exact form
+#
+# Implement `gelu(x)` $= \frac{x}{2}\left(1 + \operatorname{erf}(x/\sqrt 2)\right)$,
+# elementwise, for a tensor of any shape and floating dtype. Use `torch.erf`, not
+# `F.gelu` (the test compares against it).
+#
+# Difficulty ●○○ · Importance ●●○ · about 5 minutes
+#
+# <details><summary>Hint 1</summary><code>math.sqrt(2)</code> is a Python float; dividing a tensor by it keeps the tensor's dtype.</details>
+# <details><summary>Hint 2</summary><code>0.5 * x * (1 + torch.erf(x / math.sqrt(2)))</code></details>
+
+# %%
+#| answer gelu
+#| export minillm/ffn.py
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU, exact form: x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))), elementwise.
+
+    x: a floating tensor of any shape. Returns a tensor of the same shape and dtype.
+    ``FeedForward(activation="gelu")`` uses the fused ``F.gelu``, which computes the same.
+    """
+    ### BEGIN SOLUTION
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    ### END SOLUTION
+
+# %%
+#| test gelu_visible points=1
+def _gelu_case():
+    return torch.tensor([-3.0, -2.7, -0.75, -0.1, 0.0, 0.5, 1.0, 2.7], dtype=torch.float64)
+
+
+def _gelu_exact(x):
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def _gelu_tanh_formula(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+x = _gelu_case()
+course.expect_close(
+    gelu(x), _gelu_exact(x), "gelu", atol=1e-7, rtol=1e-6,
+    mistakes={
+        "the tanh approximation instead of the exact erf form": _gelu_tanh_formula(x),
+        "erf(x) instead of erf(x / sqrt(2))": 0.5 * x * (1 + torch.erf(x)),
+        "returns Phi(x), the normal CDF, without multiplying by x": 0.5 * (1 + torch.erf(x / math.sqrt(2))),
+        "the factor 1/2 is missing": x * (1 + torch.erf(x / math.sqrt(2))),
+        "x * sigmoid(x) (SiLU), not GELU": x * torch.sigmoid(x),
+        "x * sigmoid(1.702 x), the sigmoid approximation, not the exact form": x * torch.sigmoid(1.702 * x),
+        "ReLU, not GELU": x.clamp(min=0),
+    },
+    hint="GELU(x) = 0.5 * x * (1 + erf(x / sqrt(2)))",
+)
+print("gelu: visible test passed")
+
+# %%
+#| test gelu_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+_g = torch.Generator().manual_seed(11)
+for shape, dtype, atol in [((3, 4, 5), torch.float32, 1e-6), ((257,), torch.float64, 1e-12), ((2, 1, 1, 9), torch.float32, 1e-6)]:
+    x = 3 * torch.randn(*shape, generator=_g, dtype=dtype)
+    got = gelu(x)
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"gelu changed the dtype: {dtype} in, {getattr(got, 'dtype', type(got))} out"
+    course.expect_close(got, F.gelu(x), f"gelu {shape} {dtype} against F.gelu", atol=atol, rtol=1e-6)
+# large magnitudes: finite, x for large x, 0 for very negative x
+x = torch.tensor([-60.0, -30.0, -8.0, 8.0, 30.0, 60.0], dtype=torch.float64)
+course.expect_close(gelu(x), torch.tensor([0.0, 0.0, 0.0, 8.0, 30.0, 60.0], dtype=torch.float64), "gelu at large |x|", atol=1e-12)
+# the defining symmetry: Phi(x) + Phi(-x) = 1, so gelu(x) - gelu(-x) = x
+x = torch.linspace(-5, 5, 101, dtype=torch.float64)
+course.expect_close(gelu(x) - gelu(-x), x, "gelu(x) - gelu(-x) == x", atol=1e-12)
+# its minimum: about -0.16997 near x = -0.7518
+grid = torch.linspace(-3, 0, 30001, dtype=torch.float64)
+values = gelu(grid)
+assert abs(values.min().item() + 0.169971) < 1e-5 and abs(grid[values.argmin()].item() + 0.7518) < 1e-3, "gelu's minimum is not at (-0.7518, -0.16997)"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Keep going: the next cell binds `exact_gelu` to your `gelu` when it works, else to the
+# course's reference.
+
+# %%
+from minillm import ffn as reference_ffn
+
+exact_gelu = course.keep_going(
+    "gelu", gelu, reference_ffn.gelu,
+    check=lambda f: course.expect_close(f(_gelu_case()), _gelu_exact(_gelu_case()), "gelu", atol=1e-7, rtol=1e-6),
+)
+
+# %% [markdown]
+# ### Exercise 2 · GELU, the tanh form
+#
+# Implement `gelu_tanh(x)`
+# $= \frac{x}{2}\left(1 + \tanh\!\big(\sqrt{2/\pi}\,(x + 0.044715\,x^3)\big)\right)$,
+# elementwise. This is GPT-2's activation.
+#
+# Difficulty ●○○ · Importance ●●○ · about 5 minutes
+#
+# <details><summary>Hint 1</summary>The square root covers <code>2 / math.pi</code>; the cube is inside the tanh, added to <code>x</code>.</details>
+# <details><summary>Hint 2</summary><code>0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))</code></details>
+
+# %%
+#| answer gelu_tanh
+#| export minillm/ffn.py
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation (GPT-2's): x / 2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).
+
+    x: a floating tensor of any shape. Returns a tensor of the same shape and dtype, within
+    5e-4 of ``gelu(x)`` everywhere. ``FeedForward(activation="gelu_tanh")`` uses the fused
+    ``F.gelu(x, approximate="tanh")``, which computes the same.
+    """
+    ### BEGIN SOLUTION
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    ### END SOLUTION
+
+# %%
+#| test gelu_tanh_visible points=1
+x = _gelu_case()
+course.expect_close(
+    gelu_tanh(x), _gelu_tanh_formula(x), "gelu_tanh", atol=1e-7, rtol=1e-6,
+    mistakes={
+        "the exact erf form, not the tanh approximation": _gelu_exact(x),
+        "the cubic term 0.044715 x^3 is missing": 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)),
+        "2/pi without the square root": 0.5 * x * (1 + torch.tanh(2 / math.pi * (x + 0.044715 * x**3))),
+        "the factor sqrt(2/pi) is missing": 0.5 * x * (1 + torch.tanh(x + 0.044715 * x**3)),
+        "the factor 1/2 is missing": x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    },
+)
+print("gelu_tanh: visible test passed")
+
+# %%
+#| test gelu_tanh_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+_g = torch.Generator().manual_seed(12)
+for shape, dtype, atol in [((4, 6, 3), torch.float32, 1e-6), ((129,), torch.float64, 1e-12), ((1,), torch.float32, 1e-6)]:
+    x = 3 * torch.randn(*shape, generator=_g, dtype=dtype)
+    got = gelu_tanh(x)
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"gelu_tanh changed the dtype: {dtype} in, {getattr(got, 'dtype', type(got))} out"
+    course.expect_close(got, F.gelu(x, approximate="tanh"), f"gelu_tanh {shape} {dtype} against F.gelu(approximate='tanh')", atol=atol, rtol=1e-6)
+# large magnitudes stay finite
+x = torch.tensor([-1000.0, -40.0, 40.0, 1000.0])
+course.expect_close(gelu_tanh(x), torch.tensor([0.0, 0.0, 40.0, 1000.0]), "gelu_tanh at large |x|", atol=1e-6)
+# the same symmetry as the exact form (tanh is odd), and within 5e-4 of it
+x = torch.linspace(-6, 6, 1201, dtype=torch.float64)
+course.expect_close(gelu_tanh(x) - gelu_tanh(-x), x, "gelu_tanh(x) - gelu_tanh(-x) == x", atol=1e-12)
+gap = (gelu_tanh(x) - F.gelu(x)).abs().max().item()
+assert 4e-4 < gap < 5e-4, f"gelu_tanh should differ from exact GELU by at most about 4.7e-4, got {gap:.3g}"
+### END HIDDEN TESTS
+
+# %%
+tanh_gelu = course.keep_going(
+    "gelu_tanh", gelu_tanh, reference_ffn.gelu_tanh,
+    check=lambda f: course.expect_close(f(_gelu_case()), _gelu_tanh_formula(_gelu_case()), "gelu_tanh", atol=1e-7, rtol=1e-6),
+)
+
+# %% [markdown]
+# ### The activations, side by side
+#
+# How different are they? The left panel draws ReLU, GELU and SiLU (which SwiGLU uses,
+# below); the right panel the gap between the exact GELU and its tanh form, on a log scale.
+
+# %%
+xs = torch.linspace(-4, 4, 801, dtype=torch.float64)
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+left.plot(xs, F.relu(xs), label="ReLU  max(0, x)", color="0.5", linestyle="--")
+left.plot(xs, exact_gelu(xs), label=r"GELU  $x\,\Phi(x)$", color="C0")
+left.plot(xs, F.silu(xs), label=r"SiLU  $x\,\sigma(x)$", color="C2")
+left.axhline(0, color="0.8", linewidth=0.8)
+left.set_xlabel("input x")
+left.set_ylabel("activation")
+left.set_title("GELU and SiLU are smooth ReLUs with a small negative dip")
+left.legend()
+gap = (exact_gelu(xs) - tanh_gelu(xs)).abs()
+right.semilogy(xs, gap.clamp(min=1e-12), color="C3")
+right.set_xlabel("input x")
+right.set_ylabel("|GELU(x) − GELU_tanh(x)|")
+right.set_title("The tanh form is within 5e-4 of the exact GELU")
+right.set_ylim(1e-8, 1e-2)
+plt.tight_layout()
+plt.show()
+
+# %%
+#| stable
+worst = gap.argmax()
+print(f"largest gap between exact and tanh GELU on [-4, 4]: {gap[worst].item():.2e} at x = {xs[worst].item():+.2f}")
+print(f"GELU's minimum on [-4, 4]: {exact_gelu(xs).min().item():.4f} at x = {xs[exact_gelu(xs).argmin()].item():+.2f}")
+
+# %% [markdown]
+# The two GELU forms never differ by more than $4.7 \times 10^{-4}$ (near $x = \pm 2.7$),
+# far below what training notices, but far above float32 rounding: a model trained with
+# one form and run with the other gives slightly different logits. That is why
+# `FeedForward` below offers both, `"gelu"` and `"gelu_tanh"`. The curves also show what
+# GELU and SiLU change about ReLU: they are smooth at 0 (their gradient never jumps) and
+# let small negative inputs through as small negative outputs.
+#
+# ### The module
+#
+# Here is the FFN as a module. It takes the activation by name (or any elementwise
+# callable) and uses PyTorch's fused `F.gelu`, which computes the same as your functions,
+# in one pass over memory. The weights are named after the formula: `w1` expands to
+# $d_{ff}$, `w2` projects back to $d$.
+
+# %%
+#| export minillm/ffn.py
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # the exact form, as gelu() above
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # as gelu_tanh() above; GPT-2's "gelu_new"
+}
+
+
+def _check_size(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_dropout(dropout) -> None:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+
+
+def _check_input(x, d_model: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network: Linear → activation → Linear (→ dropout).
+
+    FFN(x) = W2 act(W1 x + b1) + b2, the same function at every position.
+
+    d_model: width of input and output. d_ff: hidden width (4 * d_model in the 2017
+    Transformer, BERT and GPT-2). activation: "relu", "gelu" (exact erf form), "gelu_tanh"
+    (GPT-2's tanh approximation), or any elementwise callable. bias: biases on both linear
+    maps. dropout: probability of zeroing an output element while training.
+
+    Weights as ``torch.nn.Linear`` stores them: ``w1`` (d_ff, d_model), ``w2`` (d_model, d_ff).
+    Input (..., d_model) → output (..., d_model).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str | Callable = "gelu", bias: bool = True,
+                 dropout: float = 0.0):
+        super().__init__()
+        _check_size("d_model", d_model)
+        _check_size("d_ff", d_ff)
+        _check_dropout(dropout)
+        if isinstance(activation, str):
+            if activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
+            self.activation_name, self.activation = activation, ACTIVATIONS[activation]
+        elif callable(activation):
+            self.activation_name = getattr(activation, "__name__", type(activation).__name__)
+            self.activation = activation
+        else:
+            raise TypeError(f"activation must be a name or a callable, got {type(activation).__name__}")
+        self.d_model, self.d_ff = d_model, d_ff
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_model) → (..., d_model)."""
+        _check_input(x, self.d_model)
+        return self.dropout(self.w2(self.activation(self.w1(x))))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation_name!r}"
+
+# %% [markdown]
+# Two checks. The module's parameter count is the one chapter 00's `ffn_parameters`
+# computes from a configuration; and the output at position $i$ depends on the input at
+# position $i$ only: running the whole sequence, or each position on its own, gives the
+# same numbers. Your `exact_gelu` plugs in as the activation.
+
+# %%
+#| stable
+torch.manual_seed(0)
+ffn = FeedForward(768, 3072, activation=exact_gelu)
+counted = sum(p.numel() for p in ffn.parameters())
+print(f"FeedForward(768, 3072): {counted:,d} parameters; "
+      f"ffn_parameters(GPT-2 small config): {ffn_parameters(ModelConfig(name='gpt2')):,d}")
+
+x = torch.randn(2, 5, 768)
+with torch.no_grad():
+    together = ffn(x)
+    one_by_one = torch.stack([ffn(x[:, i]) for i in range(5)], dim=1)
+    fused = FeedForward(768, 3072, activation="gelu")
+    fused.load_state_dict(ffn.state_dict())
+print(f"whole sequence vs one position at a time, equal within 1e-6: {torch.allclose(together, one_by_one, atol=1e-6)}")
+print(f"your GELU vs the fused F.gelu in the module, equal within 1e-6: {torch.allclose(together, fused(x), atol=1e-6)}")
+
+# %% [markdown]
+# The count matches chapter 00 exactly ($2 \cdot 768 \cdot 3072 + 3072 + 768$), and
+# the sequence can be cut into single positions without changing the result beyond
+# float32 rounding.
+#
+# ### Written question 1
+#
+# Attention mixes information across positions; the FFN never does. In three to five
+# sentences: what would a Transformer *lose* without its FFNs (attention only), and what
+# would it lose without attention (FFNs only)? Then say why it matters for a decoder that
+# the FFN is position-wise: what could go wrong if it mixed neighbouring positions?
+
+# %% [markdown]
+# #| written ffn_versus_attention points=2
+# ### BEGIN SOLUTION
+# *Model answer.* Without FFNs, each layer would output weighted averages of (linear maps
+# of) the tokens' vectors: apart from the softmax's weights, the layer is linear in its
+# values, so most of the per-token non-linear processing, and two thirds of the
+# parameters, where much of a model's factual "memory" is stored, would be gone. Without
+# attention, every position would be processed in isolation: the prediction at position
+# $i$ could use only token $i$, which is a bigram model, however deep. The FFN being
+# position-wise keeps the causal structure that attention's mask sets up: if it mixed
+# position $i$ with position $i+1$, a decoder trained on all positions at once would let
+# the prediction of token $i+1$ see token $i+1$ itself (the future leaks), and training
+# loss would collapse while generation fails.
+#
+# *Grading:* 1 point for the two roles (per-token non-linear processing / parameters,
+# and mixing across positions); 1 point for the causality argument.
+# ### END SOLUTION
+
+# %% [markdown]
+# ## SwiGLU
+#
+# The gated linear unit (GLU, Dauphin et al., 2017) computes two linear maps of the input
+# and lets one *gate* the other, element by element:
+# $\mathrm{GLU}(x) = \sigma(W_1 x) \odot W_3 x$. Shazeer (2020) tried several gates inside
+# the Transformer's FFN and found that gating with the Swish/SiLU function,
+# $\mathrm{SiLU}(z) = z\,\sigma(z)$, trained to a lower loss than ReLU or GELU at the same
+# cost. PaLM (2022) and LLaMA (2023) adopted it, and most open LLMs since use it:
+#
+# $$\mathrm{SwiGLU}(x) = W_2\big(\mathrm{SiLU}(W_1 x) \odot W_3 x\big), \qquad
+# W_1, W_3 \in \mathbb{R}^{h \times d},\; W_2 \in \mathbb{R}^{d \times h}.$$
+#
+# Intuition: in a ReLU or GELU network each hidden unit is a fixed function of *one*
+# projection of $x$. In SwiGLU each hidden unit multiplies two projections, so it can
+# compute products of input features (a quadratic form of $x$ near the origin), and the
+# gate decides, per token, how much of the value $W_3 x$ passes. The price is a third
+# matrix. LLaMA drops the biases.
+#
+# ### Exercise 3 · SwiGLU as a formula
+#
+# Implement `swiglu(x, w1, w2, w3)` with weights stored as `torch.nn.Linear` stores them:
+# `w1` and `w3` of shape `(d_ff, d_model)`, `w2` of shape `(d_model, d_ff)`. $W_1 x$ for a
+# row vector `x` is `x @ w1.T`. Use `F.silu` or write $z\,\sigma(z)$ yourself.
+#
+# Difficulty ●●○ · Importance ●●● · about 10 minutes
+#
+# <details><summary>Hint 1</summary>Compute the gate <code>x @ w1.T</code> and the value <code>x @ w3.T</code>, both of shape <code>(..., d_ff)</code>.</details>
+# <details><summary>Hint 2</summary>SiLU goes on the gate only; the value stays linear. Then multiply elementwise and project with <code>w2</code>.</details>
+# <details><summary>Hint 3</summary><code>(F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T</code></details>
+
+# %%
+#| answer swiglu
+#| export minillm/ffn.py
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU feed-forward network as a formula: W2 (SiLU(W1 x) * W3 x), without biases.
+
+    x: (..., d_model); w1 (gate) and w3 (value): (d_ff, d_model); w2: (d_model, d_ff).
+    Returns (..., d_model).
+    """
+    ### BEGIN SOLUTION
+    d_ff, d_model = w1.shape
+    if w3.shape != w1.shape:
+        raise ValueError(f"w3 must have w1's shape {tuple(w1.shape)}, got {tuple(w3.shape)}")
+    if w2.shape != (d_model, d_ff):
+        raise ValueError(f"w2 must have shape (d_model, d_ff) = {(d_model, d_ff)}, got {tuple(w2.shape)}")
+    _check_input(x, d_model)
+    return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+    ### END SOLUTION
+
+# %%
+#| test swiglu_visible points=1
+def _swiglu_case():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    w1 = torch.randn(6, 4, generator=g, dtype=torch.float64) / 2
+    w2 = torch.randn(4, 6, generator=g, dtype=torch.float64) / 2
+    w3 = torch.randn(6, 4, generator=g, dtype=torch.float64) / 2
+    return x, w1, w2, w3
+
+
+def _swiglu_formula(x, w1, w2, w3, gate=F.silu, swap=False, gated=True):
+    a, b = x @ w1.T, x @ w3.T
+    if swap:
+        a, b = b, a
+    hidden = gate(a) * b if gated else gate(a)
+    return hidden @ w2.T
+
+
+x, w1, w2, w3 = _swiglu_case()  # d_model 4, d_ff 6
+try:
+    got = swiglu(x, w1, w2, w3)
+except RuntimeError as error:
+    raise course.CheckFailed(f"swiglu raised {error}: a weight used untransposed? torch.nn.Linear stores "
+                             "(out, in), so W x is x @ w.T") from error
+course.expect_close(
+    got, _swiglu_formula(x, w1, w2, w3), "swiglu", atol=1e-10, rtol=1e-8,
+    mistakes={
+        "SiLU applied to the value W3 x instead of the gate W1 x (w1 and w3 swapped)": _swiglu_formula(x, w1, w2, w3, swap=True),
+        "sigmoid instead of SiLU (that is the original GLU)": _swiglu_formula(x, w1, w2, w3, gate=torch.sigmoid),
+        "GELU instead of SiLU (that is GEGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.gelu),
+        "ReLU instead of SiLU (that is ReGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.relu),
+        "the gating product is missing: W2 SiLU(W1 x), w3 unused": _swiglu_formula(x, w1, w2, w3, gated=False),
+    },
+    hint="the output has the input's shape, (..., d_model)",
+)
+print("swiglu: visible test passed")
+
+# %%
+#| test swiglu_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+_g = torch.Generator().manual_seed(13)
+for lead, d, h, dtype in [((5, 7), 8, 24, torch.float32), ((1, 1), 3, 5, torch.float64), ((), 16, 40, torch.float64), ((2, 2, 3), 12, 32, torch.float32)]:
+    gate, up, down = (nn.Linear(d, h, bias=False, dtype=dtype), nn.Linear(d, h, bias=False, dtype=dtype),
+                      nn.Linear(h, d, bias=False, dtype=dtype))
+    x = torch.randn(*lead, d, generator=_g, dtype=dtype)
+    with torch.no_grad():
+        expected = down(gate(x) * torch.sigmoid(gate(x)) * up(x))
+    got = swiglu(x, gate.weight.detach(), down.weight.detach(), up.weight.detach())
+    course.expect_close(got, expected, f"swiglu x{tuple(x.shape)} d_ff={h} {dtype}", atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=1e-5)
+# the defining property of the gate: the value path is linear, the gate path is not
+x = torch.randn(4, 6, dtype=torch.float64)
+w1, w2, w3 = torch.randn(10, 6, dtype=torch.float64), torch.randn(6, 10, dtype=torch.float64), torch.randn(10, 6, dtype=torch.float64)
+base = swiglu(x, w1, w2, w3)
+course.expect_close(swiglu(x, w1, w2, 3 * w3), 3 * base, "swiglu is linear in w3 (the value)", atol=1e-9)
+course.expect_close(swiglu(x, w1, w2, torch.zeros_like(w3)), torch.zeros_like(base), "swiglu with w3 = 0 is 0", atol=1e-12)
+assert not torch.allclose(swiglu(x, 3 * w1, w2, w3), 3 * base), "swiglu must not be linear in w1: SiLU belongs on the gate w1 x"
+### END HIDDEN TESTS
+
+# %%
+swiglu_ffn = course.keep_going(
+    "swiglu", swiglu, reference_ffn.swiglu,
+    check=lambda f: course.expect_close(f(*_swiglu_case()), _swiglu_formula(*_swiglu_case()), "swiglu", atol=1e-10, rtol=1e-8),
+)
+
+# %% [markdown]
+# ### The 2/3 rule
+#
+# A GELU network with $d_{ff} = 4d$ has two matrices of $4d^2$ weights: $8d^2$. SwiGLU has
+# three matrices of $h\,d$ weights. For the same parameter count (and, below, the same
+# FLOPs):
+#
+# $$3\,h\,d = 8\,d^2 \quad\Longrightarrow\quad h = \tfrac{8}{3}\,d = \tfrac{2}{3} \cdot 4d.$$
+#
+# LLaMA's code computes exactly that, optionally scales it by `ffn_dim_multiplier`
+# (LLaMA 2's 70B and LLaMA 3 use 1.3), and rounds *up* to a multiple of `multiple_of`
+# (256 in LLaMA; LLaMA 3 uses 1024 or 4096), because matrix shapes that are multiples of
+# a large power of two run faster on accelerators:
+#
+# ```python
+# hidden = 4 * d_model
+# hidden = int(2 * hidden / 3)
+# if ffn_dim_multiplier is not None:
+#     hidden = int(ffn_dim_multiplier * hidden)
+# hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+# ```
+#
+# So `SwiGLU(d_model, d_ff)` takes the real hidden width `d_ff` (11,008 for LLaMA-7B, whose
+# $d = 4096$), and the 2/3 rule is how a configuration chooses it.
+#
+# ### Exercise 4 · The hidden width of SwiGLU
+#
+# Implement `swiglu_hidden_size(d_model, multiple_of=256, ffn_dim_multiplier=None)` as
+# above. Return a Python `int`.
+#
+# Difficulty ●○○ · Importance ●●○ · about 8 minutes
+#
+# <details><summary>Hint 1</summary>Rounding <i>n</i> up to a multiple of <i>m</i>: <code>m * ((n + m - 1) // m)</code>, or <code>m * math.ceil(n / m)</code>.</details>
+# <details><summary>Hint 2</summary>The multiplier applies before the rounding, and each step truncates to an <code>int</code>.</details>
+
+# %%
+#| answer swiglu_hidden_size
+#| export minillm/ffn.py
+def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
+    """SwiGLU's hidden width by LLaMA's rule: 2/3 of 4 * d_model, times ffn_dim_multiplier if
+    given, rounded up to a multiple of ``multiple_of``. Keeps 3 * d_model * d_ff close to the
+    8 * d_model**2 weights of a GELU network with d_ff = 4 * d_model.
+
+    LLaMA-7B: swiglu_hidden_size(4096) == 11008.
+    """
+    ### BEGIN SOLUTION
+    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
+        _check_size(name, value)
+    hidden = int(2 * (4 * d_model) / 3)
+    if ffn_dim_multiplier is not None:
+        if isinstance(ffn_dim_multiplier, bool) or not isinstance(ffn_dim_multiplier, (int, float)) or ffn_dim_multiplier <= 0:
+            raise ValueError(f"ffn_dim_multiplier must be a positive number or None, got {ffn_dim_multiplier!r}")
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+    ### END SOLUTION
+
+# %%
+#| test swiglu_hidden_size_visible points=1
+course.expect_equal(
+    swiglu_hidden_size(4096), 11008, "swiglu_hidden_size(4096) (LLaMA-7B)",
+    mistakes={
+        "the 2/3 factor is missing (4 * d_model)": 16384,
+        "not rounded to a multiple of multiple_of": 10922,
+        "rounded down instead of up": 10752,
+        "2/3 of d_model instead of 2/3 of 4 * d_model": 2816,
+    },
+)
+course.expect_equal(
+    swiglu_hidden_size(768, multiple_of=64), 2048, "swiglu_hidden_size(768, multiple_of=64)",
+    mistakes={"a width that is already a multiple was bumped to the next multiple": 2112},
+)
+course.expect_equal(
+    swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3), 14336,
+    "swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3) (LLaMA 3 8B)",
+    mistakes={"ffn_dim_multiplier ignored": 11264, "the multiplier applied after rounding": int(1.3 * 11264)},
+)
+print("swiglu_hidden_size: visible test passed")
+
+# %%
+#| test swiglu_hidden_size_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+# published intermediate sizes of the LLaMA family
+for args, expected in [((5120,), 13824), ((8192,), 22016), ((6656,), 17920), ((8192, 4096, 1.3), 28672), ((5120, 256), 13824)]:
+    course.expect_equal(swiglu_hidden_size(*args), expected, f"swiglu_hidden_size{args}")
+for d, m in [(6, 1), (100, 1), (96, 8), (128, 8), (1000, 7), (1, 1), (2, 1)]:
+    got = swiglu_hidden_size(d, multiple_of=m)
+    assert type(got) is int, f"swiglu_hidden_size must return an int, got {type(got).__name__}"
+    exact = 8 * d // 3
+    assert got % m == 0 and exact <= got < exact + m, f"swiglu_hidden_size({d}, multiple_of={m}) = {got}: not the smallest multiple of {m} >= {exact}"
+### END HIDDEN TESTS
+
+# %%
+hidden_size = course.keep_going(
+    "swiglu_hidden_size", swiglu_hidden_size, reference_ffn.swiglu_hidden_size,
+    check=lambda f: course.expect_equal(f(4096), 11008, "swiglu_hidden_size"),
+)
+
+# %% [markdown]
+# ### The module
+#
+# `SwiGLU` holds the three matrices as `torch.nn.Linear` layers, named as in LLaMA's code:
+# `w1` (the gate; Hugging Face calls it `gate_proj`), `w3` (the value, `up_proj`) and `w2`
+# (back to $d$, `down_proj`). Biases are off by default, as in LLaMA.
+
+# %%
+#| export minillm/ffn.py
+class SwiGLU(nn.Module):
+    """The gated feed-forward network of PaLM and LLaMA: W2 (SiLU(W1 x) * W3 x) (→ dropout).
+
+    d_model: width of input and output. d_ff: the real hidden width (LLaMA-7B: 11008 for
+    d_model 4096); ``swiglu_hidden_size`` picks it so that the parameters match a GELU
+    network of width 4 * d_model. bias: biases on all three linear maps (LLaMA has none).
+    dropout: probability of zeroing an output element while training.
+
+    Weights: ``w1`` (gate) and ``w3`` (value), (d_ff, d_model); ``w2``, (d_model, d_ff).
+    Input (..., d_model) → output (..., d_model).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False, dropout: float = 0.0):
+        super().__init__()
+        _check_size("d_model", d_model)
+        _check_size("d_ff", d_ff)
+        _check_dropout(dropout)
+        self.d_model, self.d_ff = d_model, d_ff
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_model) → (..., d_model)."""
+        _check_input(x, self.d_model)
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+# %% [markdown]
+# Your formula and the module agree, and the module's parameters are what chapter 00's
+# `ffn_parameters` counts for a SwiGLU configuration. Then the 2/3 rule at work: the
+# parameters of SwiGLU with `hidden_size(d)` against GELU with $4d$, at the widths of
+# GPT-2 small, GPT-2 XL, LLaMA-7B and LLaMA-65B.
+
+# %%
+#| stable
+torch.manual_seed(0)
+swi = SwiGLU(64, hidden_size(64, multiple_of=8))
+x = torch.randn(3, 5, 64)
+with torch.no_grad():
+    agree = torch.allclose(swiglu_ffn(x, swi.w1.weight, swi.w2.weight, swi.w3.weight), swi(x), atol=1e-6)
+config = ModelConfig(d_model=64, n_heads=4, d_ff=swi.d_ff, ffn="swiglu", bias=False)
+print(f"SwiGLU(64, {swi.d_ff}): your swiglu and the module equal within 1e-6: {agree}; "
+      f"{sum(p.numel() for p in swi.parameters()):,d} parameters, ffn_parameters: {ffn_parameters(config):,d}")
+print()
+print(f"{'d_model':>8s} {'GELU d_ff':>10s} {'GELU params':>14s} {'SwiGLU d_ff':>12s} {'SwiGLU params':>14s} {'ratio':>6s}")
+for d in (768, 1600, 4096, 8192):
+    h = hidden_size(d)
+    gelu_params, swiglu_params = 2 * d * 4 * d, 3 * d * h
+    print(f"{d:8d} {4 * d:10d} {gelu_params:14,d} {h:12d} {swiglu_params:14,d} {swiglu_params / gelu_params:6.3f}")
+
+# %% [markdown]
+# Rounding up to a multiple of 256 costs at most a few percent of extra parameters at
+# these widths (0.8% for LLaMA-7B), and none when $\frac{8}{3}d$ is already a multiple, as
+# for $d = 768$. At small widths a multiple of 256 is a large step (for $d = 64$ it would
+# give 256 instead of 170): small models use a small `multiple_of`, as above.
+#
+# ## Parameters and FLOPs
+#
+# A FLOP is one floating-point addition or multiplication. A matrix product of an
+# $(n \times k)$ and a $(k \times m)$ matrix does $n\,k\,m$ multiply-adds, so $2\,n\,k\,m$
+# FLOPs. One token through a linear map with an $(\text{out} \times \text{in})$ weight is
+# an $(1 \times \text{in})$ by $(\text{in} \times \text{out})$ product: $2 \cdot
+# \text{in} \cdot \text{out}$ FLOPs, **twice the number of weights**. So, per token and
+# forward only,
+#
+# $$\text{FLOPs}_{\text{GELU/ReLU}} = 2 \cdot 2\,d\,d_{ff}, \qquad
+# \text{FLOPs}_{\text{SwiGLU}} = 2 \cdot 3\,d\,d_{ff}.$$
+#
+# Biases and activations cost $O(d_{ff})$ per token, negligible against $O(d\,d_{ff})$, and
+# are left out (as PyTorch's FLOP counter does). Training adds the backward pass, which
+# computes two products per matrix (the gradient for the input and for the weight), twice
+# the forward: **3 × forward** in all, the "6 FLOPs per parameter per token" rule that
+# chapter 08 builds on.
+#
+# ### Exercise 5 · FLOPs of a feed-forward network
+#
+# Implement `ffn_flops(d_model, d_ff, ffn="gelu", n_tokens=1, training=False)`: the
+# matrix-product FLOPs for `n_tokens` tokens, forward only, or forward and backward when
+# `training`. `ffn` is one of `"gelu"`, `"relu"`, `"gelu_tanh"` (two matrices) or
+# `"swiglu"` (three). Return an `int`.
+#
+# Difficulty ●○○ · Importance ●●○ · about 8 minutes
+#
+# <details><summary>Hint 1</summary>Per token and matrix: 2 × (its number of weights) = <code>2 * d_model * d_ff</code>.</details>
+# <details><summary>Hint 2</summary><code>n_matrices * 2 * d_model * d_ff * n_tokens</code>, times 3 when training.</details>
+
+# %%
+#| answer ffn_flops
+#| export minillm/ffn.py
+def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, training: bool = False) -> int:
+    """Matrix-product FLOPs of one feed-forward network over ``n_tokens`` tokens.
+
+    Forward: 2 FLOPs per weight per token (2 matrices for "gelu", "relu", "gelu_tanh"; 3 for
+    "swiglu"); ``training`` adds the backward pass, twice the forward. Biases and
+    activations are left out.
+    """
+    ### BEGIN SOLUTION
+    for name, size in (("d_model", d_model), ("d_ff", d_ff)):
+        _check_size(name, size)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+    matrices = {"gelu": 2, "relu": 2, "gelu_tanh": 2, "swiglu": 3}
+    if ffn not in matrices:
+        raise ValueError(f"ffn must be one of {sorted(matrices)}, got {ffn!r}")
+    forward = 2 * matrices[ffn] * d_model * d_ff * n_tokens
+    return 3 * forward if training else forward
+    ### END SOLUTION
+
+# %%
+#| test ffn_flops_visible points=1
+course.expect_equal(
+    ffn_flops(768, 3072), 2 * 2 * 768 * 3072, "ffn_flops(768, 3072) (GPT-2 small, one token, forward)",
+    mistakes={
+        "a multiply-add counted as one FLOP (the factor 2 is missing)": 2 * 768 * 3072,
+        "biases counted too": 2 * (2 * 768 * 3072 + 3072 + 768),
+    },
+)
+course.expect_equal(
+    ffn_flops(4096, 11008, "swiglu"), 6 * 4096 * 11008, "ffn_flops(4096, 11008, 'swiglu') (LLaMA-7B)",
+    mistakes={"SwiGLU counted with two matrices instead of three": 4 * 4096 * 11008},
+)
+course.expect_equal(
+    ffn_flops(64, 256, "relu", n_tokens=10, training=True), 3 * 4 * 64 * 256 * 10,
+    "ffn_flops(64, 256, 'relu', n_tokens=10, training=True)",
+    mistakes={
+        "the backward pass counted as one forward (2x instead of 3x)": 2 * 4 * 64 * 256 * 10,
+        "training ignored": 4 * 64 * 256 * 10,
+        "n_tokens ignored": 3 * 4 * 64 * 256,
+    },
+)
+print("ffn_flops: visible test passed")
+
+# %%
+#| test ffn_flops_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+def _measured_flops(d, h, kind, lead, training):
+    layers = [nn.Linear(d, h), nn.Linear(h, d)] + ([nn.Linear(d, h)] if kind == "swiglu" else [])
+    x = torch.randn(*lead, d, requires_grad=training)
+    with FlopCounterMode(display=False) as meter:
+        if kind == "swiglu":
+            y = layers[1](F.silu(layers[0](x)) * layers[2](x))
+        else:
+            y = layers[1](F.gelu(layers[0](x)) if kind != "relu" else F.relu(layers[0](x)))
+        if training:
+            y.sum().backward()
+    return meter.get_total_flops()
+
+for d, h, kind, lead, training in [(32, 128, "gelu", (2, 5), False), (48, 128, "swiglu", (3, 7), False),
+                                   (16, 40, "relu", (11,), True), (24, 64, "swiglu", (2, 3), True),
+                                   (40, 160, "gelu_tanh", (1, 1), False)]:
+    n_tokens = math.prod(lead)
+    got = ffn_flops(d, h, kind, n_tokens=n_tokens, training=training)
+    assert type(got) is int, f"ffn_flops must return an int, got {type(got).__name__}"
+    course.expect_equal(got, _measured_flops(d, h, kind, lead, training), f"ffn_flops({d}, {h}, {kind!r}, n_tokens={n_tokens}, training={training}) vs PyTorch's FLOP counter")
+course.expect_equal(ffn_flops(12288, 49152, "gelu", n_tokens=2048), 2 * 2 * 12288 * 49152 * 2048, "ffn_flops for GPT-3's FFN over a 2048-token context")
+course.expect_equal(ffn_flops(8, 16, "swiglu", n_tokens=0), 0, "ffn_flops with no tokens")
+### END HIDDEN TESTS
+
+# %%
+flops = course.keep_going(
+    "ffn_flops", ffn_flops, reference_ffn.ffn_flops,
+    check=lambda f: course.expect_equal(f(64, 256, "swiglu", n_tokens=3, training=True), 3 * 6 * 64 * 256 * 3, "ffn_flops"),
+)
+
+# %% [markdown]
+# ### Counts, checked
+#
+# For the FFNs of famous models: the parameters of the built module (on PyTorch's `meta`
+# device, which allocates no memory) against chapter 00's `ffn_parameters`, and your FLOP
+# count against PyTorch's own FLOP counter (`torch.utils.flop_counter.FlopCounterMode`)
+# for one token. The last column is the FFN's share of a whole layer's parameters.
+
+# %%
+#| stable
+print(f"{'model':17s} {'FFN':6s} {'built module':>13s} {'ffn_parameters':>15s} {'FLOPs (yours)':>15s} {'FLOPs (torch)':>15s} {'share':>6s}")
+for name in ("transformer-base", "gpt2", "gpt2-xl", "gpt3-175b", "llama-7b"):
+    cfg = PRESETS[name]
+    with torch.device("meta"):
+        module = SwiGLU(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn == "swiglu" else FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, bias=cfg.bias)
+        token = torch.empty(1, 1, cfg.d_model)
+    with FlopCounterMode(display=False) as counter:
+        module(token)
+    built = sum(p.numel() for p in module.parameters())
+    print(f"{name:17s} {cfg.ffn:6s} {built:13,d} {ffn_parameters(cfg):15,d} {flops(cfg.d_model, cfg.d_ff, cfg.ffn):15,d} "
+          f"{counter.get_total_flops():15,d} {ffn_parameters(cfg) / block_parameters(cfg):6.1%}")
+
+# %% [markdown]
+# Every count agrees with the built module, and the forward FLOPs are twice the weights,
+# up to the biases. The FFN holds two thirds of each layer's parameters in every model
+# here, and, per token, two thirds of its matrix-product FLOPs: when chapter 11 wants a
+# bigger model at the same cost per token, the FFN is what it splits into experts.
+#
+# ## An FFN registry
+#
+# The model of chapter 07 picks its FFN by name from its configuration (`config.ffn`), and
+# chapter 11 adds a mixture of experts without editing this module. A registry maps each
+# name to a *factory*: a callable that takes `(d_model, d_ff, **options)` and returns a
+# module from `(..., d_model)` to `(..., d_model)`.
+
+# %%
+#| export minillm/ffn.py
+FFN_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_ffn(name: str, factory: Callable[..., nn.Module], *, overwrite: bool = False) -> None:
+    """Make ``build_ffn(name, d_model, d_ff, **kwargs)`` call ``factory(d_model, d_ff, **kwargs)``.
+
+    The factory must return a module mapping (..., d_model) to (..., d_model). A name that
+    is already registered is a ValueError unless ``overwrite=True``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+    if name in FFN_REGISTRY and not overwrite:
+        raise ValueError(f"an FFN named {name!r} is already registered; pass overwrite=True to replace it")
+    FFN_REGISTRY[name] = factory
+
+
+def available_ffns() -> tuple[str, ...]:
+    """The registered FFN names, sorted."""
+    return tuple(sorted(FFN_REGISTRY))
+
+
+def build_ffn(name: str, d_model: int, d_ff: int, **kwargs) -> nn.Module:
+    """The feed-forward network registered as ``name``, built as ``factory(d_model, d_ff, **kwargs)``.
+
+    Registered here: "gelu", "relu", "gelu_tanh" (``FeedForward``) and "swiglu"
+    (``SwiGLU``); ``kwargs`` such as ``bias`` and ``dropout`` go to the factory.
+    """
+    if name not in FFN_REGISTRY:
+        raise ValueError(f"unknown FFN {name!r}; known: {', '.join(available_ffns())}")
+    _check_size("d_model", d_model)
+    _check_size("d_ff", d_ff)
+    return FFN_REGISTRY[name](d_model, d_ff, **kwargs)
+
+
+register_ffn("relu", partial(FeedForward, activation="relu"))
+register_ffn("gelu", partial(FeedForward, activation="gelu"))
+register_ffn("gelu_tanh", partial(FeedForward, activation="gelu_tanh"))
+register_ffn("swiglu", SwiGLU)
+
+# %%
+#| stable
+for name in available_ffns():
+    module = build_ffn(name, 64, 256, bias=False)
+    print(f"build_ffn({name!r:12s}, 64, 256): {module.__class__.__name__:11s} {sum(p.numel() for p in module.parameters()):7,d} parameters")
+try:
+    build_ffn("swish", 64, 256)
+except ValueError as error:
+    print(f"build_ffn('swish', ...) → ValueError: {error}")
+try:
+    build_ffn("gelu", 64, 0)
+except ValueError as error:
+    print(f"build_ffn('gelu', 64, 0) → ValueError: {error}")
+
+# %% [markdown]
+# ## Which activation learns faster? An experiment
+#
+# Does the activation matter, at equal parameters and equal steps? A fair test needs a
+# model in which the FFN does the work, so we train the classic neural language model of
+# Bengio et al. (2003) on characters: it reads the last 8 characters of tiny Shakespeare,
+# embeds them, and predicts the next one through a stack of residual FFN blocks, with no
+# attention at all. Only the FFN changes between runs, built from the registry:
+#
+# - **ReLU** and **GELU**: `FeedForward` with $d_{ff} = 4d$;
+# - **SwiGLU**: `SwiGLU` with $d_{ff}$ from the 2/3 rule (`multiple_of=8`).
+#
+# All without biases, so the FFN parameters match within 1%. Every run sees the same
+# batches in the same order for a given seed, with AdamW and a warm-up then cosine
+# learning-rate schedule. We compare the loss on held-out text (the last 10% of the corpus)
+# after the same number of steps, over several seeds, because a difference smaller than
+# the spread between seeds is no difference. (The blocks normalize their input with
+# PyTorch's `LayerNorm`; chapter 06 builds our own.)
+
+# %%
+text = corpus_text()
+alphabet = sorted(set(text))
+index = {ch: i for i, ch in enumerate(alphabet)}
+train_text, val_text = split_corpus(text)  # the course's split: the last 10% is held out
+train_ids = torch.tensor([index[ch] for ch in train_text])
+val_ids = torch.tensor([index[ch] for ch in val_text])
+
+CONTEXT, EMBED, WIDTH, LAYERS, BATCH = 8, 16, 128, 2, 128
+SEEDS = (0,) if course.QUICK else (0, 1, 2)
+STEPS = 60 if course.QUICK else 300
+
+
+def char_batch(source: torch.Tensor, batch_size: int, generator: torch.Generator):
+    """Random (context, next character) pairs: contexts (batch, CONTEXT), targets (batch,)."""
+    start = torch.randint(len(source) - CONTEXT, (batch_size,), generator=generator)
+    return source[start[:, None] + torch.arange(CONTEXT)], source[start + CONTEXT]
+
+
+class CharMLP(nn.Module):
+    """Embeds the last CONTEXT characters, then LAYERS residual FFN blocks, then the logits."""
+
+    def __init__(self, ffn: str, d_ff: int):
+        super().__init__()
+        self.embed = nn.Embedding(len(alphabet), EMBED)
+        self.proj = nn.Linear(CONTEXT * EMBED, WIDTH)
+        self.norms = nn.ModuleList(nn.LayerNorm(WIDTH) for _ in range(LAYERS))
+        self.ffns = nn.ModuleList(build_ffn(ffn, WIDTH, d_ff, bias=False) for _ in range(LAYERS))
+        self.final_norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, len(alphabet))
+
+    def forward(self, context: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.embed(context).flatten(1))
+        for norm, ffn in zip(self.norms, self.ffns):
+            h = h + ffn(norm(h))
+        return self.head(self.final_norm(h))
+
+
+VARIANTS = {"ReLU": ("relu", 4 * WIDTH), "GELU": ("gelu", 4 * WIDTH), "SwiGLU": ("swiglu", hidden_size(WIDTH, multiple_of=8))}
+val_x, val_y = char_batch(val_ids, 8192, torch.Generator().manual_seed(1234))
+val_x, val_y = val_x.to(device), val_y.to(device)
+
+
+def train_char_mlp(ffn: str, d_ff: int, seed: int, steps: int):
+    """Train one CharMLP; its training losses and its final held-out loss (nats per character)."""
+    torch.manual_seed(seed)
+    model = CharMLP(ffn, d_ff).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    batches = torch.Generator().manual_seed(seed)  # the same batches for every variant
+    losses = []
+    for _ in range(steps):
+        x, y = char_batch(train_ids, BATCH, batches)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    with torch.no_grad():
+        return losses, F.cross_entropy(model(val_x), val_y).item()
+
+
+for label, (ffn, d_ff) in VARIANTS.items():
+    n_ffn = LAYERS * sum(p.numel() for p in build_ffn(ffn, WIDTH, d_ff, bias=False).parameters())
+    print(f"{label:7s} d_ff = {d_ff:3d}: {n_ffn:,d} FFN parameters, {flops(WIDTH, d_ff, ffn) * LAYERS:,d} FFN FLOPs per token")
+
+# %%
+curves, held_out, seconds = {}, {}, {}
+runs = [(label, seed) for seed in SEEDS for label in VARIANTS]
+# Matrices this small gain little from a second CPU thread, and two threads stall badly
+# when another program holds the other core: train on one, then restore the setting.
+with course.one_thread():
+    for label, seed in tqdm(runs, desc="training runs"):
+        start = time.perf_counter()
+        curves[label, seed], held_out[label, seed] = train_char_mlp(*VARIANTS[label], seed=seed, steps=STEPS)
+        seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
+
+
+def smooth(values, weight=0.9):
+    out, running = [], values[0]
+    for v in values:
+        running = weight * running + (1 - weight) * v
+        out.append(running)
+    return out
+
+
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for colour, label in zip(("0.5", "C0", "C2"), VARIANTS):
+    mean_curve = torch.tensor([curves[label, seed] for seed in SEEDS]).mean(0).tolist()
+    ax.plot(smooth(mean_curve), color=colour, label=f"{label}: held-out loss {sum(held_out[label, s] for s in SEEDS) / len(SEEDS):.3f}")
+ax.axhline(math.log(len(alphabet)), color="0.8", linestyle=":", label="uniform guess")
+ax.set_xlabel("training step")
+ax.set_ylabel("training loss (nats per character, smoothed)")
+ax.set_title(f"Character MLP, equal FFN parameters: {len(SEEDS)} seed(s) × {STEPS} steps")
+ax.set_ylim(1.8, 4.4)
+ax.legend()
+plt.show()
+
+print(f"{'FFN':7s} " + " ".join(f"seed {s:d}" for s in SEEDS) + "    mean  seconds")
+for label in VARIANTS:
+    values = [held_out[label, s] for s in SEEDS]
+    print(f"{label:7s} " + " ".join(f"{v:6.3f}" for v in values) + f"  {sum(values) / len(values):6.3f}  {seconds[label]:7.1f}")
+means = {label: sum(held_out[label, s] for s in SEEDS) / len(SEEDS) for label in VARIANTS}
+spread = max(max(held_out[label, s] for s in SEEDS) - min(held_out[label, s] for s in SEEDS) for label in VARIANTS)
+print(f"SwiGLU − GELU: {means['SwiGLU'] - means['GELU']:+.3f} nats; GELU − ReLU: {means['GELU'] - means['ReLU']:+.3f} nats; "
+      f"largest spread between seeds of one variant: {spread:.3f}")
+
+# %% [markdown]
+# The printed numbers are from this run. In full mode (three seeds of 300 steps), SwiGLU
+# ends about 0.1 nats per character below both ReLU and GELU, several times the spread
+# between seeds; it starts a little slower, during the warm-up, and leads from about step
+# 50 on. ReLU and GELU end within the seed-to-seed spread of each other: at this size and
+# length, this experiment cannot tell them apart, and we do not claim it can. (In quick
+# mode the runs are too short, and a single seed, to judge anything.)
+#
+# Be careful how far this carries. The model has no attention, so SwiGLU's products of
+# features may be doing work that attention would do in a Transformer. Shazeer (2020)
+# measured a smaller but consistent gain in real Transformers (about 0.04 nats of
+# held-out log-perplexity over ReLU at equal cost) and, as here, found GELU and ReLU
+# nearly equal after full training. And one learning rate was used for all three.
+#
+# ### Written question 2
+#
+# Name two reasons why this experiment's result might not carry over to a
+# 7-billion-parameter Transformer, and one change to the experiment that would make its
+# comparison more convincing. Three to five sentences.
+
+# %% [markdown]
+# #| written activation_experiment points=2
+# ### BEGIN SOLUTION
+# *Model answer.* (1) The model has no attention: SwiGLU's multiplicative gate lets it
+# compute products of input features, which in a Transformer attention partly provides,
+# so the gap may shrink there. (2) The scale is tiny and the training short: 300 steps of a
+# 0.3M-parameter model measure early optimization speed, not the loss after training on
+# billions of tokens, where differences between activations can shrink or change sign.
+# (3) One learning rate, tuned for none of them, serves all three; the best rate can
+# differ per activation. More convincing: tune the learning rate for each variant
+# separately and compare the best of each, train longer with more seeds and report the
+# spread, or run the comparison in a small Transformer at equal FLOPs and wall-clock time.
+#
+# *Grading:* 1 point for two valid reasons (no attention, scale/length, untuned learning
+# rate, a single task, equal steps rather than equal wall-clock time); 1 point for a
+# change that addresses one of them.
+# ### END SOLUTION
+
+# %% [markdown]
+# ## Tee check
+#
+# > **The shirt:** the left sleeve draws the feed-forward sub-layer as
+# > *Dense → GELU/ReLU → Dense*.
+#
+# **What is right:** that is the FFN of the 2017 Transformer (ReLU) and of GPT, BERT,
+# GPT-2 and GPT-3 (GELU): two matrices, $d \to 4d \to d$, the same at every position.
+#
+# **What is loose:** most LLMs released since 2022 (PaLM, LLaMA, Mistral, Qwen and many
+# others) use **SwiGLU**: *three* matrices, a gate multiplied into a value, no
+# biases, and a narrower hidden layer of $\frac{2}{3} \cdot 4d$ so that the parameter
+# budget stays at about $8d^2$. A modern sleeve would read *Dense, Dense → SiLU ⊙ →
+# Dense*. Measured on the built FFNs of three presets:
+
+# %%
+#| stable
+for name in ("transformer-base", "gpt2", "llama-7b"):
+    cfg = PRESETS[name]
+    with torch.device("meta"):
+        module = build_ffn(cfg.ffn, cfg.d_model, cfg.d_ff, bias=cfg.bias)
+    matrices = sum(isinstance(m, nn.Linear) for m in module.modules())
+    params = sum(p.numel() for p in module.parameters())
+    print(f"{name:17s} {cfg.ffn:7s} {matrices} matrices, hidden width {cfg.d_ff:6d} = {cfg.d_ff / cfg.d_model:.2f} d, "
+          f"{params:12,d} parameters = {params / cfg.d_model**2:.2f} d²")
+
+# %% [markdown]
+# Two matrices at $4d$ or three at $\frac{8}{3}d$: the same $8d^2$ parameters (LLaMA's
+# rounding to a multiple of 256 adds 0.8%), and the same FLOPs per token. The sleeve's
+# drawing is the FFN of 2017–2020; what changed since is the gate, not the budget.
+#
+# ## What `minillm` gained
+#
+# - `minillm.ffn.gelu`, `gelu_tanh` (Exercises 1–2), checked against `F.gelu` in both
+#   settings;
+# - `minillm.ffn.FeedForward(d_model, d_ff, activation="gelu", bias=True, dropout=0.0)`
+#   with `"relu"`, `"gelu"`, `"gelu_tanh"` or any callable;
+# - `minillm.ffn.swiglu` (Exercise 3), `swiglu_hidden_size` (Exercise 4) and
+#   `minillm.ffn.SwiGLU(d_model, d_ff, bias=False, dropout=0.0)`;
+# - `minillm.ffn.ffn_flops` (Exercise 5), checked against PyTorch's FLOP counter;
+# - the FFN registry: `register_ffn`, `build_ffn`, `available_ffns`. Chapter 07's model
+#   builds its FFN with `build_ffn(config.ffn, config.d_model, config.d_ff,
+#   bias=config.bias)`; chapter 11 registers `"moe"`.
+#
+# ## Further reading
+#
+# - Bengio, Ducharme, Vincent & Jauvin, *A Neural Probabilistic Language Model* (2003): the MLP language model of the experiment.
+# - Hendrycks & Gimpel, *Gaussian Error Linear Units (GELUs)* (2016): both GELU forms.
+# - Vaswani et al., *Attention Is All You Need* (2017): the position-wise FFN with ReLU, $d_{ff} = 4d$.
+# - Dauphin, Fan, Auli & Grangier, *Language Modeling with Gated Convolutional Networks* (2017): the GLU.
+# - Ramachandran, Zoph & Le, *Searching for Activation Functions* (2017): Swish; Elfwing, Uchibe & Doya, *Sigmoid-Weighted Linear Units* (2017): SiLU.
+# - Radford et al., *Language Models are Unsupervised Multitask Learners* (2019): GPT-2, with the tanh GELU.
+# - Shazeer, *GLU Variants Improve Transformer* (2020): SwiGLU, GEGLU, ReGLU and the 2/3 rule.
+# - Geva, Schuster, Berant & Levy, *Transformer Feed-Forward Layers Are Key-Value Memories* (2021).
+# - Chowdhery et al., *PaLM: Scaling Language Modeling with Pathways* (2022): SwiGLU at scale.
+# - Touvron et al., *LLaMA: Open and Efficient Foundation Language Models* (2023), and *Llama 2* (2023): SwiGLU with `multiple_of` and `ffn_dim_multiplier`.

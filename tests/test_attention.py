@@ -1,0 +1,512 @@
+"""minillm.attention against torch's attention (functional and nn.MultiheadAttention), naive
+formulas and hand-computed values, the defining properties, the hooks, and bad input."""
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm import attention
+from minillm.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    get_attention_backend,
+    kv_cache_bytes,
+    merge_heads,
+    register_attention_backend,
+    repeat_kv,
+    scaled_dot_product_attention,
+    softmax,
+    split_heads,
+)
+from minillm.config import ModelConfig
+
+BACKENDS = ("math", "sdpa")
+
+
+def randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ---------------------------------------------------------------- softmax
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_matches_torch(dim, dtype):
+    x = 8 * randn(3, 4, 5, dtype=dtype)
+    got = softmax(x, dim=dim)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, torch.softmax(x, dim=dim))
+
+
+def test_softmax_is_shift_invariant():
+    x = randn(4, 6)
+    shift = 123.0 * randn(4, 1, seed=1)
+    torch.testing.assert_close(softmax(x + shift, dim=-1), softmax(x, dim=-1))
+
+
+def test_softmax_does_not_overflow_where_the_naive_formula_does():
+    x = torch.tensor([[1000.0, 999.0, 998.0], [-1000.0, -1001.0, -1002.0]])
+    naive = x.exp() / x.exp().sum(-1, keepdim=True)
+    assert not torch.isfinite(naive).all()  # the test can fail: the formula as written overflows
+    got = softmax(x, dim=-1)
+    expected_row = torch.tensor([1.0, math.exp(-1), math.exp(-2)]) / (1 + math.exp(-1) + math.exp(-2))
+    torch.testing.assert_close(got, torch.stack([expected_row, expected_row]))
+
+
+def test_softmax_gives_minus_infinity_zero_weight():
+    got = softmax(torch.tensor([0.0, float("-inf"), 0.0]), dim=0)
+    assert torch.equal(got, torch.tensor([0.5, 0.0, 0.5]))
+
+
+# ---------------------------------------------------------------- causal mask
+
+@pytest.mark.parametrize("q_len, k_len", [(1, 1), (5, 5), (3, 7), (1, 9)])
+def test_causal_mask_matches_the_definition(q_len, k_len):
+    expected = torch.tensor([[j <= i + k_len - q_len for j in range(k_len)] for i in range(q_len)])
+    got = causal_mask(q_len, k_len=k_len) if k_len != q_len else causal_mask(q_len)
+    assert got.dtype == torch.bool and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("kwargs, word", [({"seq_len": 0}, "seq_len"), ({"seq_len": 4, "k_len": 3}, "k_len")])
+def test_causal_mask_rejects_bad_sizes(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        causal_mask(**kwargs)
+
+
+# ---------------------------------------------------------------- scaled dot-product attention
+
+def qkv(batch=2, heads=3, q_len=5, k_len=7, d_k=8, d_v=6, dtype=torch.float64, seed=0):
+    return (randn(batch, heads, q_len, d_k, seed=seed, dtype=dtype), randn(batch, heads, k_len, d_k, seed=seed + 1, dtype=dtype),
+            randn(batch, heads, k_len, d_v, seed=seed + 2, dtype=dtype))
+
+
+def test_attention_hand_computed_value():
+    # one query, two keys: scores (1+1+1+1)/sqrt(4) = 2 and 0
+    q = torch.ones(1, 4)
+    k = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    v = torch.tensor([[10.0], [0.0]])
+    out, weights = scaled_dot_product_attention(q, k, v, return_weights=True)
+    p = math.exp(2) / (math.exp(2) + 1)
+    torch.testing.assert_close(weights, torch.tensor([[p, 1 - p]]))
+    torch.testing.assert_close(out, torch.tensor([[10 * p]]))
+
+
+def test_attention_matches_torch_without_mask():
+    q, k, v = qkv()
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 3, 5, 7), (5, 7), (2, 1, 1, 7), (7,)])
+def test_attention_matches_torch_with_bool_masks(mask_shape):
+    q, k, v = qkv()
+    mask = torch.rand(*mask_shape, generator=torch.Generator().manual_seed(3)) < 0.5
+    mask[..., 0] = True
+    torch_mask = mask if mask.dim() > 1 else mask.expand(5, 7)  # torch wants at least (q_len, k_len)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=mask),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=torch_mask))
+
+
+def test_attention_matches_torch_with_float_mask():
+    q, k, v = qkv()
+    mask = randn(1, 3, 5, 7, seed=4).masked_fill(torch.rand(1, 3, 5, 7, generator=torch.Generator().manual_seed(5)) < 0.3,
+                                                 float("-inf"))
+    mask[..., 1] = 0.0
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=mask),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_attention_matches_torch_causal():
+    q, k, v = qkv(q_len=9, k_len=9, dtype=torch.float32)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=causal_mask(9)),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_bias_is_added_to_the_scores():
+    q, k, v = qkv()
+    bias = -0.3 * (torch.arange(7) - torch.arange(5)[:, None]).abs().double()
+    mask = causal_mask(5, k_len=7)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~mask, float("-inf")))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=mask, bias=bias), expected)
+
+
+def test_attention_weights_match_the_naive_formula():
+    q, k, v = qkv(batch=1, heads=1, q_len=3, k_len=4, d_k=2, d_v=2)
+    mask = torch.tensor([[True, False, True, True], [True, True, False, False], [False, True, True, True]])
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    for i in range(3):
+        scores = [float(q[0, 0, i] @ k[0, 0, j]) / math.sqrt(2) if mask[i, j] else -math.inf for j in range(4)]
+        top = max(scores)
+        exps = [math.exp(s - top) for s in scores]
+        for j in range(4):
+            assert weights[0, 0, i, j].item() == pytest.approx(exps[j] / sum(exps), abs=1e-12)
+    torch.testing.assert_close(out, weights @ v)
+
+
+def test_fully_masked_query_gives_zeros_and_finite_gradients():
+    q, k, v = (t.requires_grad_(True) for t in qkv())
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    assert torch.isfinite(out).all() and (out[:, :, 2] == 0).all() and (weights[:, :, 2] == 0).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    float_mask = torch.zeros(5, 7, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    assert (scaled_dot_product_attention(q, k, v, mask=float_mask)[:, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (4, 3, 5, 7), (6, 7)])
+def test_mask_of_wrong_shape_is_a_value_error(shape):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="mask"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(*shape, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bias"):
+        scaled_dot_product_attention(q, k, v, bias=torch.zeros(*shape, dtype=torch.float64))
+
+
+def test_mask_of_wrong_dtype_is_a_type_error():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="mask"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- heads
+
+def test_split_heads_gives_each_head_its_block_of_features():
+    x = randn(2, 5, 36)[..., 12:24]  # a non-contiguous slice, as from a fused projection
+    assert not x.is_contiguous()
+    heads = split_heads(x, 3)
+    assert heads.shape == (2, 3, 5, 4)
+    for h in range(3):
+        torch.testing.assert_close(heads[:, h], x[..., 4 * h:4 * h + 4])
+
+
+def test_merge_heads_inverts_split_heads():
+    x = randn(3, 4, 24)
+    torch.testing.assert_close(merge_heads(split_heads(x, 6)), x)
+    y = randn(2, 4, 3, 5)
+    torch.testing.assert_close(merge_heads(y), torch.cat(list(y.unbind(1)), dim=-1))
+
+
+def test_split_heads_rejects_indivisible_width():
+    with pytest.raises(ValueError, match="n_heads"):
+        split_heads(torch.zeros(1, 2, 10), 4)
+
+
+def test_repeat_kv_groups_consecutive_heads():
+    x = randn(2, 3, 4, 5)
+    torch.testing.assert_close(repeat_kv(x, 4), x.repeat_interleave(4, dim=1))
+    assert repeat_kv(x, 1) is x
+    with pytest.raises(ValueError, match="n_rep"):
+        repeat_kv(x, 0)
+
+
+# ---------------------------------------------------------------- MultiHeadAttention
+
+def copied_from_torch(d_model=32, n_heads=4, bias=True, seed=0, **kwargs):
+    """A torch.nn.MultiheadAttention and our module with its weights copied across."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True).eval()
+    ours = MultiHeadAttention(d_model, n_heads, bias=bias, **kwargs).eval()
+    with torch.no_grad():
+        ours.qkv.weight.copy_(theirs.in_proj_weight)
+        ours.out.weight.copy_(theirs.out_proj.weight)
+        if bias:
+            ours.qkv.bias.copy_(theirs.in_proj_bias)
+            ours.out.bias.copy_(theirs.out_proj.bias)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_mha_matches_torch_multihead_attention(backend, bias):
+    ours, theirs = copied_from_torch(bias=bias, backend=backend)
+    x = randn(3, 7, 32, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x, x, x, need_weights=False)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mha_causal_and_padding_masks_match_torch(backend):
+    ours, theirs = copied_from_torch(backend=backend, causal=True)
+    x = randn(2, 6, 32, dtype=torch.float32)
+    padding = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])  # sequence 1 has two padding tokens
+    with torch.no_grad():
+        expected, _ = theirs(x, x, x, attn_mask=~causal_mask(6), key_padding_mask=~padding, need_weights=False)
+        torch.testing.assert_close(ours(x, mask=padding[:, None, None, :]), expected)
+        plain = MultiHeadAttention(32, 4, backend=backend).eval()
+        plain.load_state_dict(ours.state_dict())
+        torch.testing.assert_close(plain(x, mask=causal_mask(6)), theirs(x, x, x, attn_mask=~causal_mask(6), need_weights=False)[0])
+
+
+def test_attention_weights_match_torch_per_head_weights():
+    ours, theirs = copied_from_torch(causal=True)
+    x = randn(2, 5, 32, dtype=torch.float32)
+    with torch.no_grad():
+        _, expected = theirs(x, x, x, attn_mask=~causal_mask(5), need_weights=True, average_attn_weights=False)
+        torch.testing.assert_close(ours.attention_weights(x), expected)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gqa_matches_torch_sdpa_with_enable_gqa(n_kv_heads, backend):
+    torch.manual_seed(1)
+    layer = MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads, causal=True, backend=backend).double()
+    x = randn(2, 6, 32)
+    head_dim = 4
+    q, k, v = (x @ layer.qkv.weight.T + layer.qkv.bias).split([32, n_kv_heads * head_dim, n_kv_heads * head_dim], dim=-1)
+    q = q.view(2, 6, 8, head_dim).transpose(1, 2)
+    k = k.view(2, 6, n_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(2, 6, n_kv_heads, head_dim).transpose(1, 2)
+    heads = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = layer.out(heads.transpose(1, 2).reshape(2, 6, 32))
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_gqa_parameter_count_shrinks_with_kv_heads():
+    from minillm.config import attention_parameters
+
+    for n_kv in (8, 4, 1):
+        layer = MultiHeadAttention(64, 8, n_kv_heads=n_kv)
+        assert sum(p.numel() for p in layer.parameters()) == attention_parameters(ModelConfig(d_model=64, n_heads=8, n_kv_heads=n_kv))
+
+
+def test_backends_agree_in_value_and_gradient():
+    torch.manual_seed(2)
+    math_layer = MultiHeadAttention(32, 8, n_kv_heads=2, causal=True, backend="math").double()
+    sdpa_layer = MultiHeadAttention(32, 8, n_kv_heads=2, causal=True, backend="sdpa").double()
+    sdpa_layer.load_state_dict(math_layer.state_dict())
+    x = randn(2, 7, 32)
+    mask = randn(7, 7, seed=3)  # an additive bias-like float mask, on top of the causal mask
+    out_math, out_sdpa = math_layer(x, mask=mask), sdpa_layer(x, mask=mask)
+    torch.testing.assert_close(out_math, out_sdpa)
+    out_math.square().sum().backward()
+    out_sdpa.square().sum().backward()
+    torch.testing.assert_close(math_layer.qkv.weight.grad, sdpa_layer.qkv.weight.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_only_in_training(backend):
+    torch.manual_seed(3)
+    layer = MultiHeadAttention(16, 2, dropout=0.5, backend=backend)
+    x = randn(2, 5, 16, dtype=torch.float32)
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x))
+    layer.train()
+    assert not torch.allclose(layer(x), layer.eval()(x))
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"d_model": 30, "n_heads": 4}, "n_heads"),
+    ({"d_model": 32, "n_heads": 8, "n_kv_heads": 3}, "n_kv_heads"),
+    ({"d_model": 32, "n_heads": 4, "n_kv_heads": 0}, "n_kv_heads"),
+    ({"d_model": 32, "n_heads": 4, "dropout": 1.0}, "dropout"),
+    ({"d_model": 32, "n_heads": 4, "backend": "nope"}, "math"),
+])
+def test_mha_rejects_bad_configuration(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        MultiHeadAttention(**kwargs)
+
+
+def test_mha_rejects_bad_input():
+    layer = MultiHeadAttention(16, 4)
+    with pytest.raises(ValueError, match="x"):
+        layer(torch.zeros(2, 5, 12))
+    with pytest.raises(ValueError, match="positions"):
+        layer(torch.zeros(2, 5, 16), positions=torch.arange(4))
+    with pytest.raises(ValueError, match="mask"):
+        layer(torch.zeros(2, 5, 16), mask=torch.ones(5, 6, dtype=torch.bool))
+    with pytest.raises(TypeError, match="kv_cache"):
+        layer(torch.zeros(2, 5, 16), kv_cache=object())
+    with pytest.raises(TypeError, match="rotary"):
+        MultiHeadAttention(16, 4, rotary=3)
+
+
+# ---------------------------------------------------------------- hooks: KV cache, rotary, backends
+
+class ConcatCache:
+    """A minimal cache for the hook: concatenates, and checks the shapes it is given."""
+
+    def __init__(self, n_kv_heads, head_dim):
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.k = self.v = None
+
+    def update(self, k, v):
+        assert k.shape[1:] == (self.n_kv_heads, k.shape[2], self.head_dim) and v.shape == k.shape
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_cached_incremental_decoding_equals_full_recomputation(n_kv_heads, backend, causal):
+    torch.manual_seed(4)
+    layer = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, causal=causal, backend=backend).double().eval()
+    x = randn(2, 10, 32)
+    cache = ConcatCache(n_kv_heads, 8)
+    chunks = [(0, 4), (4, 5), (5, 8), (8, 9), (9, 10)]  # a prompt, then single tokens and a chunk
+    pieces = [layer(x[:, a:b], kv_cache=cache) for a, b in chunks]
+    if causal:
+        torch.testing.assert_close(torch.cat(pieces, dim=1), layer(x))
+    else:  # without a causal mask, each chunk sees what is cached so far: the last chunk equals the full pass
+        torch.testing.assert_close(pieces[-1], layer(x)[:, 9:])
+    assert cache.k.shape == (2, n_kv_heads, 10, 8)
+
+
+def test_cache_with_a_padding_mask_over_all_keys():
+    torch.manual_seed(5)
+    layer = MultiHeadAttention(16, 2, causal=True).double().eval()
+    x = randn(1, 6, 16)
+    keep = torch.tensor([True, False, True, True, True, True])  # key 1 is padding
+    cache = ConcatCache(2, 8)
+    layer(x[:, :5], mask=keep[:5], kv_cache=cache)
+    last = layer(x[:, 5:], mask=keep, kv_cache=cache)
+    torch.testing.assert_close(last, layer(x, mask=keep)[:, 5:])
+
+
+def rope(x, positions, theta=10000.0):
+    """Rotary embedding written out in the test (split-half pairing)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float64) / half)
+    angles = positions.double()[:, None] * freqs[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def test_rotary_hook_gets_queries_and_keys_with_positions():
+    calls = []
+
+    def spy(x, positions):
+        calls.append((tuple(x.shape), positions.tolist()))
+        return x
+
+    layer = MultiHeadAttention(32, 8, n_kv_heads=2, rotary=spy)
+    layer(torch.zeros(3, 5, 32))
+    assert calls == [((3, 8, 5, 4), [0, 1, 2, 3, 4]), ((3, 2, 5, 4), [0, 1, 2, 3, 4])]
+    calls.clear()
+    layer(torch.zeros(3, 2, 32), positions=torch.tensor([7, 8]))
+    assert [p for _, p in calls] == [[7, 8], [7, 8]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotary_makes_attention_depend_on_relative_positions_only(backend):
+    torch.manual_seed(6)
+    layer = MultiHeadAttention(32, 4, causal=True, rotary=rope, backend=backend).double().eval()
+    x = randn(2, 6, 32)
+    at_zero = layer(x)
+    torch.testing.assert_close(layer(x, positions=torch.arange(100, 106)), at_zero)
+    no_rotary = MultiHeadAttention(32, 4, causal=True, backend=backend).double().eval()
+    no_rotary.load_state_dict(layer.state_dict())
+    assert not torch.allclose(no_rotary(x), at_zero)  # the hook really changes the function
+
+
+def test_rotary_with_cache_needs_positions_and_then_equals_full():
+    torch.manual_seed(7)
+    layer = MultiHeadAttention(32, 4, n_kv_heads=2, causal=True, rotary=rope).double().eval()
+    x = randn(1, 7, 32)
+    cache = ConcatCache(2, 8)
+    first = layer(x[:, :4], positions=torch.arange(4), kv_cache=cache)
+    with pytest.raises(ValueError, match="positions"):
+        layer(x[:, 4:5], kv_cache=cache)
+    rest = [layer(x[:, t:t + 1], positions=torch.tensor([t]), kv_cache=cache) for t in range(4, 7)]
+    torch.testing.assert_close(torch.cat([first, *rest], dim=1), layer(x))
+
+
+def test_rotary_from_chapter_03_plugs_in():
+    positional = pytest.importorskip("minillm.positional", reason="chapter 03 (minillm.positional) is not built yet")
+    torch.manual_seed(8)
+    layer = MultiHeadAttention(32, 4, causal=True, rotary=lambda x, p: positional.apply_rope(x, p, 10000.0)).double()
+    x = randn(2, 6, 32)
+    torch.testing.assert_close(layer(x, positions=torch.arange(50, 56)), layer(x))
+
+
+def test_backend_registry(monkeypatch):
+    monkeypatch.setattr(attention, "_BACKENDS", dict(attention._BACKENDS))
+    assert get_attention_backend("math") is attention.math_attention
+    assert get_attention_backend("sdpa") is attention.sdpa_attention
+    with pytest.raises(ValueError, match=re.escape("['math', 'sdpa']")):
+        get_attention_backend("flash")
+    calls = []
+
+    def counting(q, k, v, mask=None, causal=False, dropout_p=0.0):
+        calls.append((tuple(q.shape), tuple(k.shape), causal))
+        return attention.math_attention(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p)
+
+    register_attention_backend("counting", counting)
+    torch.manual_seed(9)
+    layer = MultiHeadAttention(16, 4, n_kv_heads=2, causal=True, backend="counting")
+    x = randn(2, 3, 16, dtype=torch.float32)
+    out = layer(x)
+    assert calls == [((2, 4, 3, 4), (2, 4, 3, 4), True)]  # K/V heads repeated before the backend
+    layer.backend = "math"
+    torch.testing.assert_close(out, layer(x))
+    with pytest.raises(TypeError, match="fn"):
+        register_attention_backend("broken", "not a function")
+    with pytest.raises(ValueError, match="name"):
+        register_attention_backend("", counting)
+
+
+def test_sdpa_backend_zeroes_fully_masked_queries_with_cached_offset():
+    q, k, v = qkv(q_len=2, k_len=5)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1] = False
+    for backend in BACKENDS:
+        out = get_attention_backend(backend)(q, k, v, mask=mask, causal=True)
+        assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
+        expected = F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :4], v[:, :, :4])  # query 0 sees keys 0..3
+        torch.testing.assert_close(out[:, :, :1], expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is checked when one is present")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backends_agree_on_gpu(dtype):
+    torch.manual_seed(10)
+    layer = MultiHeadAttention(128, 8, n_kv_heads=2, causal=True).to("cuda", dtype).eval()
+    x = torch.randn(4, 64, 128, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        reference = layer(x)
+        layer.backend = "sdpa"
+        torch.testing.assert_close(layer(x), reference, atol=2e-2, rtol=2e-2)
+        cache = ConcatCache(2, 16)
+        pieces = [layer(x[:, :60], kv_cache=cache)] + [layer(x[:, t:t + 1], kv_cache=cache) for t in range(60, 64)]
+        torch.testing.assert_close(torch.cat(pieces, dim=1), reference, atol=2e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------- KV-cache memory
+
+def test_kv_cache_bytes_known_values():
+    gpt2 = ModelConfig()  # 12 layers, 12 heads of 64
+    assert kv_cache_bytes(gpt2, 1, 1024) == 2 * 12 * 1024 * 768 * 2 == 37_748_736
+    llama2_70b = ModelConfig(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672)
+    assert kv_cache_bytes(llama2_70b, 1, 4096) == 1_342_177_280  # 1.25 GiB in 16-bit
+    assert kv_cache_bytes(ModelConfig(d_model=8192, n_layers=80, n_heads=64, d_ff=28672), 1, 4096) == 8 * 1_342_177_280
+    assert kv_cache_bytes(llama2_70b, 3, 100, bytes_per_element=4) == 3 * 100 * 2 * 80 * 8 * 128 * 4
+
+
+def test_kv_cache_bytes_equals_a_real_cache():
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
+    layers = [MultiHeadAttention(32, 4, n_kv_heads=2, causal=True) for _ in range(cfg.n_layers)]
+    caches = [ConcatCache(2, 8) for _ in layers]
+    x = torch.randn(3, 11, 32)
+    for layer, cache in zip(layers, caches):
+        layer(x, kv_cache=cache)
+    stored = sum(c.k.nbytes + c.v.nbytes for c in caches)
+    assert kv_cache_bytes(cfg, 3, 11, bytes_per_element=4) == stored
+
+
+def test_kv_cache_bytes_rejects_negative_sizes():
+    with pytest.raises(ValueError, match="seq_len"):
+        kv_cache_bytes(ModelConfig(), 1, -5)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_causal_attention_checks_the_mask_shape_before_combining(backend):
+    from minillm.attention import MultiHeadAttention
+
+    attention = MultiHeadAttention(16, 4, causal=True, backend=backend)
+    with pytest.raises(ValueError, match="mask"):
+        attention(torch.randn(2, 5, 16), mask=torch.ones(3, 4, dtype=torch.bool))
