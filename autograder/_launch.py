@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -92,6 +93,7 @@ def main(argv):
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # changing user cleared it
     os.umask(0o077)
     quiet = os.open("/dev/null", os.O_WRONLY)
     os.dup2(quiet, 1)

@@ -187,11 +187,26 @@ def sweep_stale(parent: Path | None = None) -> list[Path]:
         except (OSError, ValueError):
             continue
         if _start_time(int(pid)) != started:
+            _kill_processes_mentioning(folder)
             if os.path.ismount(folder / "share"):
                 unmount(folder / "share")
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+def _kill_processes_mentioning(folder: Path) -> None:
+    """Kill what a killed grader left running in ``folder`` (a kernel that changed user loses
+    its parent-death signal, so it can outlive the grader)."""
+    needle = str(folder).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 class Sandbox:
