@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lab test test-fast notebooks package release manifest build check grade doctor bench clean-venv
+.PHONY: help venv lab test notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -15,7 +15,8 @@ help:
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
-	@echo "make grade     grade notebooks: make grade FILES='sub/*.ipynb' OUT=graded"
+	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
+	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
 	@echo "make bench     run the benchmarks in bench/"
 
@@ -57,9 +58,14 @@ build: notebooks package release manifest
 check: $(STAMP)
 	$(BIN)/python -m coursebuild check
 
-OUT ?= graded
+OUT  ?= graded
+JOBS ?= 1
 grade: $(STAMP)
-	$(BIN)/python -m autograder grade $(FILES) --out $(OUT)
+	$(BIN)/python -m autograder grade $(FILES) --out $(OUT) --jobs $(JOBS)
+
+# The learner's own report on a notebook or chapter: make self-check CHAPTER=work/00_history
+self-check: $(STAMP)
+	$(BIN)/python -m autograder check $(CHAPTER)
 
 doctor: $(STAMP)
 	$(BIN)/python -m minillm.doctor

@@ -1,9 +1,32 @@
-"""Which chapter a submission belongs to, decided from its file name, never its contents."""
+"""A chapter as the grader sees it, read from its master notebook (the nbgrader source).
+
+Everything the grader trusts comes from here: which cells are answers, written answers,
+visible and hidden tests, their points, the learner's view of each cell (what nbgrader's
+release holds), the names each answer defines, the package modules the chapter exports
+(its reference implementation) and the judge's plan. Nothing comes from a submission.
+
+The chapter of a submission is decided from its file name or ``--chapter``, never from
+its contents.
+"""
 from __future__ import annotations
 
+import ast
+import copy
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+import nbformat
+
 from coursebuild import paths
+
+from . import analysis
+
+EXPORT = re.compile(r"^#\|\s*export\s+(\S+)\s*$")
+HIDDEN = "### BEGIN HIDDEN TESTS"
+# Cell tags a chapter may use to steer the judge's plan.
+FORCE_TAG, SKIP_TAG = "grader-needs", "grader-skip"
 
 
 def chapter_of(path: Path, chapter: str | None = None) -> str:
@@ -15,10 +38,311 @@ def chapter_of(path: Path, chapter: str | None = None) -> str:
     present = paths.present_slugs()
     if chapter is not None:
         return paths.resolve_slugs([chapter])[0]
-    name = path.name
+    name = Path(path).name
     matches = [slug for slug in present if name.startswith(slug) or name.startswith(slug[:3])]
     if len(matches) != 1:
         raise ValueError(
             f"cannot tell the chapter of {name!r} from its name; pass --chapter (one of {present})"
         )
     return matches[0]
+
+
+@dataclass
+class Cell:
+    """One cell of the master notebook and its role in grading."""
+
+    index: int
+    cell_type: str
+    kind: str            # answer, written, visible, hidden, code, markdown
+    grade_id: str | None
+    points: float
+    source: str          # the master's source (solutions and hidden tests included)
+    learner_source: str  # what the learner's release shows
+    exercise: str | None = None  # for tests: the grade_id of the answer they check
+    tags: tuple = ()
+
+    @property
+    def is_test(self) -> bool:
+        return self.kind in ("visible", "hidden")
+
+
+def _learner_view(master) -> nbformat.NotebookNode:
+    """The release of ``master``, made by nbgrader's own preprocessors (no database)."""
+    from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
+
+    from coursebuild.release import course_config
+
+    config = course_config(Path("."))
+    notebook = copy.deepcopy(master)
+    resources = {"language": "python"}
+    notebook, resources = ClearSolutions(config=config).preprocess(notebook, resources)
+    notebook, resources = ClearHiddenTests(config=config).preprocess(notebook, resources)
+    return notebook
+
+
+def _kind(cell) -> str:
+    meta = cell.metadata.get("nbgrader", {})
+    if meta.get("solution") and meta.get("grade"):
+        return "written" if cell.cell_type == "markdown" else "answer"
+    if meta.get("solution"):
+        return "answer" if cell.cell_type == "code" else "written"
+    if meta.get("grade"):
+        if HIDDEN in cell.source:
+            return "hidden"
+        tree = analysis.parse(cell.source)
+        # In a learner's release a hidden test is only its comment: a placeholder.
+        return "hidden" if tree is not None and not tree.body else "visible"
+    return cell.cell_type
+
+
+class Chapter:
+    """A chapter's master notebook, parsed for grading."""
+
+    def __init__(self, slug: str, master, *, source: str | Path = "", release: bool = False):
+        self.slug = slug
+        self.release = release
+        self.master = master
+        self.origin = str(source)
+        self.learner = copy.deepcopy(master) if release else _learner_view(master)
+        cells, exercise = [], None
+        seen: set[str] = set()
+        for index, (cell, shown) in enumerate(zip(master.cells, self.learner.cells)):
+            meta = cell.metadata.get("nbgrader", {})
+            grade_id = meta.get("grade_id")
+            if grade_id in seen:
+                raise ValueError(f"{slug}: the master notebook uses grade_id {grade_id!r} twice")
+            if grade_id:
+                seen.add(grade_id)
+            kind = _kind(cell) if grade_id else cell.cell_type
+            if kind == "answer":
+                exercise = grade_id
+            points = float(meta.get("points", 0) or 0) if kind in ("visible", "hidden", "written") else 0.0
+            cells.append(Cell(index, cell.cell_type, kind, grade_id, points, cell.source, shown.source,
+                              exercise if kind in ("visible", "hidden") else None,
+                              tuple(cell.metadata.get("tags", []))))
+        self.cells: list[Cell] = cells
+        self.by_id = {c.grade_id: c for c in cells if c.grade_id}
+        if not any(c.kind == "answer" for c in cells):
+            raise ValueError(f"{slug}: the master notebook has no answer cells")
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def load(cls, slug: str) -> "Chapter":
+        """A chapter of the course, from ``solutions/``, checked against the manifest."""
+        from coursebuild import manifest
+
+        path = paths.solution_notebook(slug)
+        if not path.exists():
+            raise ValueError(f"chapter {slug!r} has no master notebook at {path}")
+        chapter = cls(slug, nbformat.read(path, as_version=4), source=path)
+        committed = manifest.load()["chapters"].get(slug)
+        derived = {c.grade_id: c.points for c in chapter.cells if c.kind in ("visible", "hidden", "written")}
+        if committed is None or {k: float(v["points"]) for k, v in committed["cells"].items()} != derived:
+            raise ValueError(f"autograder/manifest.json does not match {path.name}: run make manifest")
+        return chapter
+
+    @classmethod
+    def from_master(cls, path: Path, slug: str | None = None) -> "Chapter":
+        """A chapter from any master notebook (a fixture, a course of one's own)."""
+        path = Path(path)
+        return cls(slug or path.stem, nbformat.read(path, as_version=4), source=path)
+
+    @classmethod
+    def from_release(cls, path: Path, slug: str) -> "Chapter":
+        """The learner's own chapter (no solutions, no hidden tests): for ``check``."""
+        return cls(slug, nbformat.read(Path(path), as_version=4), source=path, release=True)
+
+    # ----------------------------------------------------------------- points
+    @property
+    def autograded_points(self) -> float:
+        return sum(c.points for c in self.cells if c.is_test)
+
+    @property
+    def tests(self) -> list[Cell]:
+        return [c for c in self.cells if c.is_test]
+
+    @property
+    def answers(self) -> list[Cell]:
+        return [c for c in self.cells if c.kind == "answer"]
+
+    @property
+    def written(self) -> list[Cell]:
+        return [c for c in self.cells if c.kind == "written"]
+
+    # ----------------------------------------------------------------- names
+    @cached_property
+    def facts(self) -> list[analysis.CellFacts]:
+        return [analysis.facts(c.source) if c.cell_type == "code" else analysis.CellFacts(True)
+                for c in self.cells]
+
+    @cached_property
+    def answer_names(self) -> dict[str, list[str]]:
+        """grade_id → the names the answer cell defines (defs, classes, assignments)."""
+        names = {}
+        for cell in self.answers:
+            fact = self.facts[cell.index]
+            names[cell.grade_id] = sorted(fact.binds - fact.imports - {analysis.STAR})
+        return names
+
+    @cached_property
+    def proxied_names(self) -> list[str]:
+        return sorted({n for names in self.answer_names.values() for n in names})
+
+    def answer_imports(self, cell: Cell) -> str:
+        """The import statements of a master answer cell (the judge runs these itself)."""
+        tree = analysis.parse(cell.source)
+        if tree is None:
+            return ""
+        return "\n".join(ast.unparse(s) for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom)))
+
+    @cached_property
+    def reference_modules(self) -> list[str]:
+        """Dotted names of the package modules this chapter's cells export."""
+        found = []
+        for cell in self.cells:
+            if cell.cell_type != "code" or not cell.source:
+                continue
+            match = EXPORT.match(cell.source.split("\n", 1)[0])
+            if match and match.group(1).endswith(".py"):
+                module = match.group(1)[:-3].replace("/", ".")
+                if module not in found:
+                    found.append(module)
+        return found
+
+    # ----------------------------------------------------------------- the judge's plan
+    @cached_property
+    def plan(self) -> list[int]:
+        """Indexes of the master cells the judge runs, in order.
+
+        The test cells, every earlier cell they need, the cells tagged ``grader-needs``,
+        and the set-up cells before the first answer that bind nothing. Answer cells are
+        never run there: only their import statements (see :meth:`plan_source`).
+        """
+        facts = list(self.facts)
+        for cell in self.answers:
+            facts[cell.index] = analysis.facts(self.answer_imports(cell))
+        for cell in self.cells:
+            if SKIP_TAG in cell.tags and not cell.is_test:
+                facts[cell.index] = analysis.CellFacts(True)
+        first_answer = min(c.index for c in self.answers)
+        roots = [c.index for c in self.cells if c.is_test or FORCE_TAG in c.tags]
+        roots += [c.index for c in self.cells[:first_answer]
+                  if c.cell_type == "code" and c.source.strip() and not facts[c.index].binds]
+        needed = analysis.needed_cells(facts, roots, provided=set(self.proxied_names))
+        return sorted(i for i in needed if self.cells[i].cell_type == "code"
+                      and (SKIP_TAG not in self.cells[i].tags or self.cells[i].is_test))
+
+    def plan_source(self, index: int) -> str:
+        cell = self.cells[index]
+        return self.answer_imports(cell) if cell.kind == "answer" else cell.source
+
+    # ----------------------------------------------------------------- the reference
+    @cached_property
+    def _reference_bindings(self) -> tuple[dict[str, str], dict[str, set[str]]]:
+        """Names the master binds to the reference: module aliases, and fallbacks.
+
+        ``aliases``: name → module (``reference_history`` → ``minillm.history``).
+        ``fallbacks``: name → the answer names it may stand for (``rnn`` → {rnn_forward}).
+        """
+        modules = set(self.reference_modules)
+        answers = set(self.proxied_names)
+        aliases: dict[str, str] = {}
+        direct: dict[str, str] = {}
+        for cell in self.cells:
+            if cell.cell_type != "code" or cell.kind == "answer":
+                continue
+            tree = analysis.parse(cell.source)
+            if tree is None:
+                continue
+            for module, name, bound in analysis.imported_modules(tree):
+                if name is None and module in modules:
+                    aliases[bound] = module
+                elif name is not None and f"{module}.{name}" in modules:
+                    aliases[bound] = f"{module}.{name}"
+                elif name is not None and module in modules and name in answers:
+                    direct[bound] = name
+        fallbacks: dict[str, set[str]] = {}
+        for cell in self.cells:
+            if cell.cell_type != "code" or cell.kind == "answer":
+                continue
+            tree = analysis.parse(cell.source)
+            if tree is None:
+                continue
+            for stmt in tree.body:
+                if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+                    continue
+                covered = set()
+                for node in ast.walk(stmt.value):
+                    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                            and node.value.id in aliases and node.attr in answers):
+                        covered.add(node.attr)
+                    elif isinstance(node, ast.Name) and node.id in direct:
+                        covered.add(direct[node.id])
+                if covered:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    for target in targets:
+                        for name in analysis._target_names(target):
+                            fallbacks.setdefault(name, set()).update(covered)
+        for bound, name in direct.items():
+            fallbacks.setdefault(bound, set()).add(name)
+        return aliases, fallbacks
+
+    def reference_uses(self, grade_id: str, source: str) -> list[tuple[bool, str]]:
+        """How an answer cell's ``source`` reaches the chapter's reference implementation.
+
+        Each finding is ``(own, detail)``: ``own`` is true when it reaches the reference of
+        a name this very answer must define (the answer is then not the learner's work).
+        """
+        tree = analysis.parse(source)
+        if tree is None:
+            return []
+        own = set(self.answer_names.get(grade_id, []))
+        modules = set(self.reference_modules)
+        short = {m.rsplit(".", 1)[-1]: m for m in modules}
+        aliases, fallbacks = self._reference_bindings
+        found: list[tuple[bool, str]] = []
+        module_objects: dict[str, str] = {}
+        for module, name, bound in analysis.imported_modules(tree):
+            if name is None and module in modules:
+                module_objects[bound] = module
+                found.append((False, f"imports {module}"))
+            elif name is None and module.split(".")[0] == "minillm" and bound == "minillm":
+                module_objects["minillm"] = "minillm"
+            elif name is not None and f"{module}.{name}" in modules:
+                module_objects[bound] = f"{module}.{name}"
+                found.append((False, f"imports {module}.{name}"))
+            elif name is not None and module in modules:
+                found.append((name in own or name == "*", f"imports {name} from {module}"))
+        module_objects.update({k: v for k, v in aliases.items()})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                base = node.value.id
+                if base in module_objects and base != "minillm":
+                    found.append((node.attr in own, f"uses {module_objects[base]}.{node.attr}"))
+                elif base == "minillm" and node.attr in short:
+                    found.append((False, f"uses {short[node.attr]}"))
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                if node.id in aliases and node.id not in module_objects.keys() - aliases.keys():
+                    found.append((False, f"uses {node.id} (the reference module {aliases[node.id]})"))
+                if node.id in fallbacks:
+                    found.append((bool(fallbacks[node.id] & own),
+                                  f"uses {node.id}, which may be the reference {', '.join(sorted(fallbacks[node.id]))}"))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for module in modules:
+                    if module in node.value or module.replace(".", "/") in node.value:
+                        found.append((any(n in node.value for n in own), f"names {module} in a string"))
+        unique: dict[str, bool] = {}
+        for is_own, detail in found:
+            unique[detail] = unique.get(detail, False) or is_own
+        return [(is_own, detail) for detail, is_own in unique.items()]
+
+    def exercise_of(self, grade_id: str) -> str | None:
+        cell = self.by_id.get(grade_id)
+        return cell.exercise if cell else None
+
+
+def load(slug_or_path: str | Path, slug: str | None = None) -> Chapter:
+    """A course chapter by slug, or any master notebook by path."""
+    if isinstance(slug_or_path, Path) or str(slug_or_path).endswith(".ipynb"):
+        return Chapter.from_master(Path(slug_or_path), slug)
+    return Chapter.load(paths.resolve_slugs([str(slug_or_path)])[0])

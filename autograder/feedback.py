@@ -1,53 +1,146 @@
-"""HTML feedback for a graded notebook that never shows hidden test code."""
+"""HTML feedback for a graded notebook: never hidden test code, outputs sanitized.
+
+The page shows a table of the checks (points and the reason for each lost point), the
+flags, then the learner's notebook as it ran in the sandbox. Test cells show the learner's
+view (a hidden test is only its comment) and the verdict the judge reached, never what
+the learner's own kernel printed for them. Outputs keep plain text and PNG images only;
+HTML, JavaScript, SVG and the like are dropped (text is escaped by nbconvert's templates),
+and the learner's written answers are shown as plain text, never rendered as HTML.
+"""
 from __future__ import annotations
 
+import base64
+import binascii
+import copy
 import html
 import re
 
 import nbformat
-from nbconvert import HTMLExporter
 
-HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
-KEPT_OUTPUT_TYPES = ("text/plain", "image/png")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?(### END HIDDEN TESTS\n?|\Z)", re.S)
+MAX_TEXT = 20_000
+MAX_IMAGE = 2 * 2**20
 
 
-def _sanitize(cell, hidden: bool) -> None:
-    if hidden:
-        cell.source = HIDDEN.sub("", cell.source).rstrip()
-    if cell.cell_type != "code":
-        return
+def _text(value) -> str:
+    if isinstance(value, list):
+        value = "".join(str(v) for v in value)
+    return ANSI.sub("", str(value))[:MAX_TEXT]
+
+
+def _png(value) -> str | None:
+    data = _text(value).strip() if not isinstance(value, str) else value.strip()
+    if len(data) > MAX_IMAGE:
+        return None
+    try:
+        raw = base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    return data if raw.startswith(b"\x89PNG\r\n\x1a\n") else None
+
+
+def sanitize_outputs(outputs) -> list:
     kept = []
-    for output in cell.outputs:
-        if output.output_type == "error":
-            # No traceback: it would quote the hidden test's code.
-            kept.append(nbformat.v4.new_output("stream", name="stderr", text=f"{output.ename}: {output.evalue}\n"))
-        elif output.output_type == "stream":
-            kept.append(output)
-        elif "data" in output:
-            data = {k: v for k, v in output.data.items() if k in KEPT_OUTPUT_TYPES}
-            if data:
-                kept.append(nbformat.v4.new_output("display_data", data=data))
-    cell.outputs = kept
+    for output in outputs or []:
+        kind = output.get("output_type")
+        if kind == "error":
+            kept.append(nbformat.v4.new_output("stream", name="stderr",
+                                               text=f"{_text(output.get('ename'))}: {_text(output.get('evalue'))}\n"))
+        elif kind == "stream":
+            kept.append(nbformat.v4.new_output("stream", name="stderr" if output.get("name") == "stderr" else "stdout",
+                                               text=_text(output.get("text", ""))))
+        elif kind in ("display_data", "execute_result"):
+            data = output.get("data", {})
+            keep = {}
+            if "image/png" in data and _png(data["image/png"]):
+                keep["image/png"] = _png(data["image/png"])
+            elif "text/plain" in data:
+                keep["text/plain"] = _text(data["text/plain"])
+            if keep:
+                kept.append(nbformat.v4.new_output("display_data", data=keep))
+    return kept
 
 
-def render(notebook, results: dict) -> str:
-    """The feedback page: a score table, then the notebook with hidden tests removed."""
-    notebook = nbformat.from_dict(notebook)
-    for cell in notebook.cells:
-        _sanitize(cell, hidden="### BEGIN HIDDEN TESTS" in cell.source)
-    exporter = HTMLExporter(template_name="lab", sanitize_html=True, exclude_input_prompt=True)
-    body, _ = exporter.from_notebook_node(notebook)
+def _verdict_outputs(test: dict, verdict: dict | None, visible: bool) -> list:
+    outputs = []
+    if visible and verdict and verdict.get("stdout"):
+        outputs.append(nbformat.v4.new_output("stream", name="stdout", text=_text(verdict["stdout"])))
+    mark = (f"✓ {test['name']}: passed ({test['score']:g} / {test['max_score']:g})" if test["status"] == "passed"
+            else f"✗ {test['name']}: {test['score']:g} / {test['max_score']:g}: {test['output']}")
+    outputs.append(nbformat.v4.new_output("stream", name="stdout" if test["status"] == "passed" else "stderr",
+                                          text=_text(mark) + "\n"))
+    return outputs
+
+
+def as_plain_text(text: str, heading: str) -> str:
+    """Markdown that shows ``text`` verbatim (a code fence longer than any backtick run in it)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{heading}\n\n{fence}text\n{_text(text)}\n{fence}"
+
+
+def display_notebook(chapter, notebook, results: dict, verdicts: dict | None) -> nbformat.NotebookNode:
+    """The learner's notebook as shown in the feedback (learner's view, judge's verdicts)."""
+    shown = copy.deepcopy(notebook)
+    tests = {t["name"]: t for t in results["tests"]}
+    for cell, master in zip(shown.cells, chapter.cells):
+        cell.metadata = nbformat.from_dict({k: v for k, v in cell.metadata.items() if k in ("nbgrader", "tags")})
+        if master.is_test:
+            cell.source = HIDDEN.sub("", master.learner_source).rstrip()
+            cell.outputs = _verdict_outputs(tests[master.grade_id], (verdicts or {}).get(master.index),
+                                            master.kind == "visible")
+        elif cell.cell_type == "code":
+            cell.outputs = sanitize_outputs(cell.get("outputs"))
+        elif master.kind == "written":
+            cell.source = as_plain_text(cell.source, f"**Your written answer ({master.grade_id}):**")
+            cell.pop("attachments", None)
+        else:
+            cell.source = master.learner_source
+        if cell.cell_type == "code":
+            cell.execution_count = None
+    shown.metadata = nbformat.from_dict({"kernelspec": chapter.master.metadata.get("kernelspec", {}),
+                                         "language_info": {"name": "python"}})
+    return shown
+
+
+def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
+    """The feedback page."""
+    shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
     rows = "".join(
-        f"<tr><td>{html.escape(t['name'])}</td><td>{t['score']:g} / {t['max_score']:g}</td>"
-        f"<td>{html.escape(t['status'])}</td><td><pre>{html.escape(t['output'])}</pre></td></tr>"
+        f"<tr><td>{html.escape(t.get('number', ''))}</td><td>{html.escape(t['name'])}</td>"
+        f"<td>{t['score']:g} / {t['max_score']:g}</td><td>{html.escape(t['status'])}</td>"
+        f"<td><pre>{html.escape(t['output'])}</pre></td></tr>"
         for t in results["tests"]
     )
+    flags = "".join(f"<li><b>{html.escape(str(f.get('kind')))}</b>: {html.escape(str(f.get('detail', '')))}</li>"
+                    for f in results["extra_data"].get("flags", []))
+    manual = "".join(f"<li>{html.escape(m['name'])}: {m['max_score']:g} points, graded by hand</li>"
+                     for m in results["extra_data"].get("manual_grading", []))
     summary = (
         f"<section id='grading-summary'><h1>{html.escape(results['output'])}</h1>"
-        f"<table border='1' cellpadding='4'><tr><th>check</th><th>points</th><th>status</th>"
-        f"<th>why</th></tr>{rows}</table></section>"
+        f"<table border='1' cellpadding='4'><tr><th>#</th><th>check</th><th>points</th><th>status</th>"
+        f"<th>why</th></tr>{rows}</table>"
+        + (f"<h2>Written answers</h2><ul>{manual}</ul>" if manual else "")
+        + (f"<h2>Notes from the grader</h2><ul>{flags}</ul>" if flags else "")
+        + "</section>"
     )
+    if shown is None:
+        return f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{summary}</body></html>"
+    body, _ = _exporter().from_notebook_node(shown)
     return _insert(body, summary)
+
+
+_EXPORTER = None
+
+
+def _exporter():
+    global _EXPORTER
+    if _EXPORTER is None:
+        from nbconvert import HTMLExporter
+
+        _EXPORTER = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
+    return _EXPORTER
 
 
 def _insert(page: str, summary: str) -> str:

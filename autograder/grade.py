@@ -1,120 +1,286 @@
-"""Grade submitted notebooks through nbgrader, in a temporary course directory."""
+"""Grade submitted notebooks, one or a batch: ``grade_files(files, out, chapter=None, ...)``.
+
+For each submission:
+
+1. the chapter comes from ``chapter`` (or ``master``) or from the file name, never from the
+   notebook's contents;
+2. the notebook is rebuilt from the master with the learner's answer cells
+   (:mod:`autograder.reconstruct`);
+3. the learner's cells run in a sandboxed kernel and the checks in the judge
+   (:mod:`autograder.execute`);
+4. ``OUT/<name>/results.json`` (Gradescope's shape), ``OUT/<name>/feedback.html``, the
+   nbgrader gradebook (``OUT/nbgrader`` unless told otherwise) and ``OUT/summary.csv`` are
+   written. Every file is written atomically, ``results.json`` last: a submission whose
+   ``results.json`` exists (for the same file contents) is graded, and a re-run skips it
+   unless ``force``. A run that is killed therefore resumes without losing or duplicating a
+   grade (the gradebook has one row per student and chapter, updated in place).
+
+A submission that cannot be read, or belongs to another chapter, scores 0 with the reason,
+and the batch goes on. A failure of the grader itself is recorded the same way, marked
+``grader_error`` (regraded on the next run), and makes the command exit with 1.
+"""
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
+import json
 import os
 import re
-import shutil
-import tempfile
-from contextlib import contextmanager
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import nbformat
 
-from coursebuild import manifest, release
-
 from . import feedback, results
-from .chapters import chapter_of
+from .chapters import Chapter, chapter_of
+from .reconstruct import SubmissionError, reconstruct
+from .sandbox import Limits
+
+SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def submission_name(path: Path) -> str:
-    """A folder name for a submission's results: its file stem, made safe."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem) or "submission"
+@dataclass(frozen=True)
+class Job:
+    path: str        # absolute path of the submission
+    name: str        # its results folder, unique in the batch
+    chapter: str     # slug, or "slug=MASTER_PATH" for a master given by path
+    student: str     # the gradebook's student id
 
 
-def student_id(path: Path) -> str:
-    """An nbgrader student id unique to the submission's absolute path."""
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
-    return f"s{digest}"
+def _safe(text: str) -> str:
+    return SAFE.sub("_", text).strip("._") or "submission"
 
 
-@contextmanager
-def _quick_mode():
-    saved = os.environ.get("COURSE_QUICK")
-    os.environ["COURSE_QUICK"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("COURSE_QUICK", None)
+def _digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _student(path: Path, slug: str, name: str) -> str:
+    """nbgrader's layout ``submitted/<student>/<chapter>/<file>`` names the student; else ``name``."""
+    parts = Path(path).parts
+    if len(parts) >= 4 and parts[-2] == slug and parts[-4] == "submitted":
+        return _safe(parts[-3])
+    return name
+
+
+def plan(files, chapter: str | None = None, master: Path | None = None) -> list[Job]:
+    """One job per file. ``files`` holds paths, or ``(path, folder)`` pairs for files found
+    in a folder given on the command line (their name in the results keeps the subfolders)."""
+    entries = []
+    for item in files:
+        path, folder = (item if isinstance(item, tuple) else (item, None))
+        path = Path(path).resolve()
+        if master is not None:
+            slug = chapter or Path(master).stem
+            key = f"{slug}={Path(master).resolve()}"
         else:
-            os.environ["COURSE_QUICK"] = saved
+            slug = chapter_of(path, chapter)
+            key = slug
+        if folder is not None:
+            relative = path.relative_to(Path(folder).resolve()).with_suffix("")
+            name = _safe("__".join(relative.parts))
+        else:
+            name = _safe(path.stem)
+        entries.append([path, name, key, slug])
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry[1]] = counts.get(entry[1], 0) + 1
+    jobs, seen = [], set()
+    for path, name, key, slug in entries:
+        if counts[name] > 1:
+            name = f"{name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if str(path) in seen:
+            continue
+        seen.add(str(path))
+        jobs.append(Job(str(path), name, key, _student(path, slug, name)))
+    return jobs
 
 
-class CourseDirectory:
-    """A throwaway nbgrader course holding one chapter's master notebook."""
-
-    def __init__(self, root: Path, slug: str):
-        from nbgrader.apps import NbGraderAPI
-
-        self.root, self.slug = root, slug
-        release.generate([slug], root)
-        self.api = NbGraderAPI(config=release.course_config(root))
-
-    def autograde(self, submission: Path, student: str) -> tuple[list[dict], nbformat.NotebookNode]:
-        """Grade one notebook; the gradebook's rows for it and the executed notebook."""
-        from nbgrader.api import Gradebook
-
-        target = self.root / "submitted" / student / self.slug / f"{self.slug}.ipynb"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(submission, target)
-        with _quick_mode():
-            outcome = self.api.autograde(self.slug, student, force=True, create=True)
-        if not outcome["success"]:
-            raise RuntimeError(f"nbgrader could not grade the notebook: {outcome.get('error') or outcome['log']}")
-        kinds = {grade_id: cell["kind"] for grade_id, cell in manifest.load()["chapters"][self.slug]["cells"].items()}
-        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}") as gradebook:
-            graded = gradebook.find_submission_notebook(self.slug, self.slug, student)
-            grades = [
-                {
-                    "grade_id": grade.name,
-                    "score": float(grade.score),
-                    "max_score": float(grade.max_score),
-                    "manual": kinds[grade.name] == "manual",
-                }
-                for grade in graded.grades
-            ]
-        executed = nbformat.read(self.root / "autograded" / student / self.slug / f"{self.slug}.ipynb", as_version=4)
-        order = {cell.metadata.get("nbgrader", {}).get("grade_id"): i for i, cell in enumerate(executed.cells)}
-        grades.sort(key=lambda g: order.get(g["grade_id"], len(order)))
-        return grades, executed
+@lru_cache(maxsize=32)
+def load_chapter(key: str) -> Chapter:
+    if "=" in key:
+        slug, master = key.split("=", 1)
+        return Chapter.from_master(Path(master), slug)
+    return Chapter.load(key)
 
 
-def grade_files(files: list[Path], out: Path, chapter: str | None = None) -> list[dict]:
-    """Grade each file into ``out/<name>/``; the results of each, in order."""
-    by_chapter: dict[str, list[Path]] = {}
-    for path in files:
-        by_chapter.setdefault(chapter_of(path, chapter), []).append(path)
-    names: dict[Path, str] = {}
-    for path in files:
-        name, n = submission_name(path), 1
-        while name in names.values():
-            n += 1
-            name = f"{submission_name(path)}-{n}"
-        names[path] = name
-    everything = {}
-    for slug, group in by_chapter.items():
-        with tempfile.TemporaryDirectory(prefix="minillm-grade-") as tmp:
-            course = CourseDirectory(Path(tmp), slug)
-            for path in group:
-                everything[path] = grade_one(course, path, out / names[path])
-    return [everything[path] for path in files]
+def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None = None,
+                     scratch: str | None = None) -> dict:
+    """Grade one submission; its results, feedback page and instructor notebook (as text)."""
+    from .execute import execute_sync
+    from .gradebook import instructor_notebook
 
-
-def grade_one(course: CourseDirectory, path: Path, out: Path) -> dict:
-    """Grade one submission; write results.json and feedback.html under ``out``."""
+    chapter = load_chapter(job.chapter)
+    path = Path(job.path)
+    submission = {"file": str(path), "name": job.name, "student": job.student}
     try:
-        nbformat.read(path, as_version=4)
-    except Exception as error:  # a broken file scores 0 with a reason, never a crash
-        outcome = {
-            "score": 0, "max_score": manifest.load()["chapters"][course.slug]["autograded_points"], "tests": [],
-            "output": f"{path.name} is not a readable notebook: {type(error).__name__}: {error}"[:500],
-            "extra_data": {"chapter": course.slug, "manual_grading": [], "flags": ["unreadable"]},
-        }
-        results.write(out / "results.json", outcome)
-        return outcome
-    grades, executed = course.autograde(path, student_id(path))
-    outcome = results.build(grades, executed, course.slug)
-    results.write_atomic(out / "feedback.html", feedback.render(executed, outcome))
-    results.write(out / "results.json", outcome)
+        data = path.read_bytes()
+        submission["sha256"] = hashlib.sha256(data).hexdigest()
+        rebuilt = reconstruct(chapter, data, path.name)
+    except (OSError, SubmissionError) as error:
+        reason = str(error) if isinstance(error, SubmissionError) else f"{path.name} cannot be read: {error}"
+        outcome = results.unreadable(chapter, reason, submission)
+        return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
+    wrong = [f for f in rebuilt.flags if f["kind"] == "wrong-chapter"]
+    if wrong:
+        reason = f"this is not a notebook of chapter {chapter.slug}: {wrong[0]['detail']}"
+        outcome = results.unreadable(chapter, reason, submission, kind="wrong-chapter")
+        outcome["extra_data"]["flags"] = rebuilt.flags
+        return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
+    execution = execute_sync(chapter, rebuilt.notebook, limits, jobs=jobs, seed=seed,
+                             scratch=Path(scratch) if scratch else None)
+    outcome = results.build(chapter, rebuilt, execution, submission)
+    if execution.judge_error:
+        outcome["extra_data"]["grader_error"] = execution.judge_error[-4000:]
+    page = feedback.render(chapter, execution.notebook, outcome, execution.verdicts)
+    graded = instructor_notebook(chapter, rebuilt, execution, outcome)
+    return {"results": outcome, "feedback": page, "notebook": nbformat.writes(graded)}
+
+
+def _worker_init() -> None:
+    from .sandbox import die_with_parent
+
+    die_with_parent()
+
+
+def _grade_job(job: Job, limits: Limits, jobs: int, seed: int | None, scratch: str | None = None) -> dict:
+    try:
+        return grade_submission(job, limits, jobs, seed, scratch)
+    except Exception as error:  # noqa: BLE001 - one submission must never stop the batch
+        import traceback
+
+        chapter = load_chapter(job.chapter)
+        detail = traceback.format_exc()[-4000:]
+        outcome = results.unreadable(chapter, f"not graded: the grader failed on this notebook ({type(error).__name__}: "
+                                     f"{str(error)[:300]}); it will be graded again on the next run",
+                                     {"file": job.path, "name": job.name, "student": job.student},
+                                     kind="grader-error", grader_error=detail)
+        return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
+
+
+def already_graded(job: Job, out: Path) -> dict | None:
+    """The results of ``job`` from an earlier run, when they are complete and current."""
+    try:
+        previous = json.loads((out / job.name / "results.json").read_text())
+        recorded = previous["extra_data"]["submission"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if previous["extra_data"].get("grader_error") or previous["extra_data"].get("format") != results.FORMAT:
+        return None
+    if recorded.get("file") != job.path:
+        return None
+    try:
+        if recorded.get("sha256") != _digest(Path(job.path)):
+            return None
+    except OSError:
+        return None
+    return previous
+
+
+def _finish(job: Job, graded: dict, out: Path, course) -> dict:
+    outcome = graded["results"]
+    folder = out / job.name
+    results.write_atomic(folder / "feedback.html", graded["feedback"])
+    if course is not None and not outcome["extra_data"].get("grader_error"):
+        chapter = load_chapter(job.chapter)
+        notebook = nbformat.reads(graded["notebook"], as_version=4) if graded["notebook"] else None
+        try:
+            mtime = Path(job.path).stat().st_mtime
+        except OSError:
+            mtime = None
+        course.record(chapter, job.student, outcome, notebook, mtime)
+    results.write(folder / "results.json", outcome)
     return outcome
+
+
+def write_summary(out: Path, done: list[tuple[Job, dict]]) -> Path:
+    """``OUT/summary.csv``: one row per submission of this batch."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["submission", "student", "file", "chapter", "score", "max_score", "status", "failed_checks", "flags"])
+    for job, outcome in done:
+        extra = outcome["extra_data"]
+        status = ("grader-error" if extra.get("grader_error")
+                  else next((f["kind"] for f in extra.get("flags", []) if f["kind"] in ("unreadable", "wrong-chapter")),
+                            "graded"))
+        failed = ";".join(t["name"] for t in outcome["tests"] if t["status"] != "passed")
+        flags = ";".join(sorted({f["kind"] for f in extra.get("flags", [])}))
+        writer.writerow([job.name, job.student, job.path, extra.get("chapter"), f"{outcome['score']:g}",
+                         f"{outcome['max_score']:g}", status, failed, flags])
+    path = out / "summary.csv"
+    results.write_atomic(path, buffer.getvalue())
+    return path
+
+
+def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, force: bool = False,
+                limits: Limits | None = None, course: Path | None | bool = None, master: Path | None = None,
+                progress: bool = False, seed: int | None = None, scratch: Path | None = None) -> list[dict]:
+    """Grade each file into ``out/<name>/``; the results of each, in order.
+
+    ``course``: the nbgrader course directory to record scores in (default ``out/nbgrader``;
+    False for none). ``master``: grade against this master notebook instead of a chapter of
+    the course. ``jobs``: submissions graded at once. ``scratch``: where sandboxes live while
+    they run (default: the system's temporary folder).
+    """
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    scratch = str(Path(scratch).resolve()) if scratch else None
+    out = Path(out)
+    limits = limits or Limits()
+    batch = plan(files, chapter, master)
+    out.mkdir(parents=True, exist_ok=True)
+    from .sandbox import sweep_stale
+
+    sweep_stale(Path(scratch) if scratch else None)
+    gradebook = None
+    if course is not False:
+        from .gradebook import CourseGradebook
+
+        gradebook = CourseGradebook(Path(course) if course else out / "nbgrader")
+    done: dict[str, dict] = {}
+    todo = []
+    for job in batch:
+        previous = None if force else already_graded(job, out)
+        if previous is not None:
+            done[job.path] = previous
+        else:
+            todo.append(job)
+    if gradebook is not None:
+        for key in sorted({job.chapter for job in todo}):
+            gradebook.ensure_assignment(load_chapter(key))
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(batch), initial=len(batch) - len(todo), desc="grading", unit="notebook",
+               disable=not progress, file=sys.stderr)
+    try:
+        if jobs == 1 or len(todo) <= 1:
+            for job in todo:
+                done[job.path] = _finish(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
+                bar.update(1)
+        else:
+            import multiprocessing
+
+            context = multiprocessing.get_context("forkserver")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_init) as pool:
+                pending = {pool.submit(_grade_job, job, limits, jobs, seed, str(scratch) if scratch else None): job
+                           for job in todo}
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        job = pending.pop(future)
+                        done[job.path] = _finish(job, future.result(), out, gradebook)
+                        bar.update(1)
+    finally:
+        bar.close()
+        write_summary(out, [(job, done[job.path]) for job in batch if job.path in done])
+    return [done[job.path] for job in batch]
+
+
+def grade_one(path: Path, out: Path, chapter: str | None = None, **options) -> dict:
+    """Grade a single notebook into ``out/<name>/``."""
+    return grade_files([path], out, chapter, **options)[0]

@@ -1,4 +1,18 @@
-"""Gradescope-shaped results from nbgrader's gradebook and the autograded notebook."""
+"""Gradescope-shaped results: a score per check, a reason for every lost point, and flags.
+
+The shape (``results.json``)::
+
+    {"score": 9.0, "max_score": 16.0, "output": "00_history: 9 / 16 autograded points ...",
+     "tests": [{"name": "rnn_forward_hidden", "score": 0.0, "max_score": 2.0,
+                "status": "failed", "output": "why", "visibility": "visible",
+                "tags": ["hidden"], "number": "1.2"}],
+     "extra_data": {"chapter": ..., "flags": [{"kind": ..., "detail": ..., "cell": ...}],
+                    "manual_grading": [{"name": ..., "max_score": ..., "answered": true}],
+                    "submission": {"file": ..., "sha256": ...}, "seed": ..., ...}}
+
+Every check's ``output`` is the exception's type and message, never a traceback (a
+traceback would quote the check's code, and hidden checks stay hidden).
+"""
 from __future__ import annotations
 
 import json
@@ -7,13 +21,11 @@ import tempfile
 from pathlib import Path
 
 MAX_MESSAGE = 2000
+FORMAT = 1
 
 
 def failure_message(cell) -> str:
-    """What a failed test cell reports: the exception's type and message, no traceback.
-
-    Tracebacks would quote the test's code, and hidden tests must stay hidden.
-    """
+    """What a failed test cell of an executed notebook reports: type and message, no traceback."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             if output.get("ename") == "NotImplementedError":
@@ -23,41 +35,116 @@ def failure_message(cell) -> str:
     return "the cell did not run to the end"
 
 
-def build(grades: list[dict], notebook, chapter: str) -> dict:
-    """``grades``: one dict per graded cell (grade_id, score, max_score, manual)."""
-    cells = {cell.metadata.get("nbgrader", {}).get("grade_id"): cell for cell in notebook.cells}
-    tests, manual = [], []
-    for grade in grades:
-        if grade["manual"]:
-            manual.append({"name": grade["grade_id"], "max_score": grade["max_score"]})
-            continue
-        passed = grade["score"] >= grade["max_score"]
+def _reason(verdict: dict | None, execution) -> str:
+    if verdict is None:
+        if execution is not None and execution.judge_error:
+            return "not graded: the grader itself failed on this notebook (see the instructor)"
+        return "not run"
+    if verdict.get("unavailable"):
+        return str(verdict.get("evalue", ""))[:MAX_MESSAGE]
+    name, value = verdict.get("ename", "Error"), str(verdict.get("evalue", ""))
+    if name == "NotImplementedError" or "is not implemented yet" in value:
+        return f"not answered yet: {value}"[:MAX_MESSAGE]
+    return f"{name}: {value}"[:MAX_MESSAGE]
+
+
+def _numbering(chapter) -> dict[str, str]:
+    numbers, exercise, check = {}, 0, 0
+    for cell in chapter.cells:
+        if cell.kind == "answer":
+            exercise, check = exercise + 1, 0
+        elif cell.is_test:
+            check += 1
+            numbers[cell.grade_id] = f"{exercise}.{check}"
+    return numbers
+
+
+def _reference_objects(chapter, execution) -> dict[str, str]:
+    """Exercises whose defined names are the reference itself, as the learner's process said."""
+    found = {}
+    modules = set(chapter.reference_modules)
+    for grade_id, names in chapter.answer_names.items():
+        for name in names:
+            info = (execution.described if execution else {}).get(name, {})
+            if info.get("module") in modules:
+                found[grade_id] = (f"your {name} is the course's reference ({info['module']}.{name}), not your "
+                                   "own code, so its checks score nothing")
+    return found
+
+
+def build(chapter, rebuilt, execution, submission: dict | None = None) -> dict:
+    """The results of one graded submission."""
+    flags = list(rebuilt.flags) + list(execution.flags if execution else [])
+    reference = _reference_objects(chapter, execution)
+    for grade_id, reason in reference.items():
+        flags.append({"kind": "reference-use", "cell": grade_id, "detail": reason})
+    numbers = _numbering(chapter)
+    tests = []
+    for cell in chapter.tests:
+        withheld = rebuilt.reasons.get(cell.exercise) or reference.get(cell.exercise)
+        verdict = execution.verdicts.get(cell.index) if execution else None
+        passed = not withheld and verdict is not None and verdict["status"] == "passed"
         tests.append({
-            "name": grade["grade_id"],
-            "score": grade["score"],
-            "max_score": grade["max_score"],
+            "name": cell.grade_id,
+            "score": cell.points if passed else 0.0,
+            "max_score": cell.points,
             "status": "passed" if passed else "failed",
-            "output": "" if passed else failure_message(cells.get(grade["grade_id"], {})),
+            "output": "" if passed else (withheld or _reason(verdict, execution)),
+            "visibility": "visible",
+            "tags": [cell.kind, cell.exercise or ""],
+            "number": numbers.get(cell.grade_id, ""),
         })
+    manual = [{"name": c.grade_id, "max_score": c.points, "answered": rebuilt.status.get(c.grade_id) == "answered"}
+              for c in chapter.written]
+    outcome = assemble(chapter, tests, manual, flags, execution, submission)
+    outcome["extra_data"]["answers"] = dict(rebuilt.status)
+    return outcome
+
+
+def assemble(chapter, tests, manual, flags, execution=None, submission=None, *, output=None,
+             grader_error: str = "") -> dict:
     score = sum(t["score"] for t in tests)
-    max_score = sum(t["max_score"] for t in tests)
-    return {
-        "score": score,
-        "max_score": max_score,
-        "output": f"{chapter}: {score:g} / {max_score:g} autograded points"
-        + (f"; {sum(m['max_score'] for m in manual):g} more points are graded by hand" if manual else ""),
-        "tests": tests,
-        "extra_data": {"chapter": chapter, "manual_grading": manual, "flags": []},
+    max_score = chapter.autograded_points
+    summary = output or (f"{chapter.slug}: {score:g} / {max_score:g} autograded points"
+                         + (f"; {sum(m['max_score'] for m in manual):g} more points are graded by hand" if manual else ""))
+    extra = {
+        "format": FORMAT,
+        "chapter": chapter.slug,
+        "manual_grading": manual,
+        "flags": flags,
+        "submission": submission or {},
     }
+    if execution is not None:
+        extra["seed"] = execution.seed
+        extra["seconds"] = {k: round(v, 2) for k, v in execution.seconds.items()}
+    if grader_error:
+        extra["grader_error"] = grader_error[-4000:]
+    return {"score": score, "max_score": max_score, "output": summary[:MAX_MESSAGE], "tests": tests,
+            "extra_data": extra}
+
+
+def unreadable(chapter, reason: str, submission: dict | None = None, *, kind: str = "unreadable",
+               grader_error: str = "") -> dict:
+    """Results for a submission that could not be graded: every check 0, with the reason."""
+    numbers = _numbering(chapter)
+    tests = [{"name": c.grade_id, "score": 0.0, "max_score": c.points, "status": "failed", "output": reason,
+              "visibility": "visible", "tags": [c.kind, c.exercise or ""], "number": numbers.get(c.grade_id, "")}
+             for c in chapter.tests]
+    manual = [{"name": c.grade_id, "max_score": c.points, "answered": False} for c in chapter.written]
+    return assemble(chapter, tests, manual, [{"kind": kind, "detail": reason}], None, submission,
+                    output=f"{chapter.slug}: 0 / {chapter.autograded_points:g}: {reason}", grader_error=grader_error)
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

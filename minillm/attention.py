@@ -170,11 +170,17 @@ def get_attention_backend(name: str) -> AttentionBackend:
     return _BACKENDS[name]
 
 
-def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> torch.Tensor:
-    """``mask`` combined with the (offset) causal mask: bool stays bool, float gets -inf."""
-    allowed = causal_mask(q_len, device, k_len=k_len)
+def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` (checked against the scores' shape) combined with the (offset) causal mask.
+
+    q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
+    stays bool; a float mask gets -inf where the causal mask forbids.
+    """
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    allowed = causal_mask(q_len, q.device, k_len=k_len)
     if mask is None:
         return allowed
+    check_mask_shape(mask, torch.Size((*q.shape[:-1], k_len)), "mask")
     if mask.dtype == torch.bool:
         return mask & allowed
     return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
@@ -183,7 +189,7 @@ def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> t
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
     if causal:
-        mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        mask = _with_causal(mask, q, k)
     if dropout_p == 0.0:
         return scaled_dot_product_attention(q, k, v, mask=mask)
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
@@ -196,7 +202,7 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     if causal and mask is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if causal:
-        mask = _with_causal(mask, q_len, k_len, q.device)
+        mask = _with_causal(mask, q, k)
     if mask is not None and mask.is_floating_point():
         mask = mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
@@ -309,5 +315,5 @@ class MultiHeadAttention(nn.Module):
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
         if self.causal:
-            mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+            mask = _with_causal(mask, q, k)
         return scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]

@@ -9,7 +9,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rope", "alibi"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("pre", "post"),
-    "ffn": ("gelu", "relu", "swiglu"),
+    "ffn": ("gelu", "gelu_tanh", "relu", "swiglu"),
 }
 
 

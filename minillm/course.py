@@ -2,6 +2,7 @@
 
 - ``QUICK``: true when ``COURSE_QUICK=1``; chapters shrink their experiments then.
 - ``seed_everything`` and ``pick_device``: one way to seed, one way to choose the device.
+- ``one_thread``: run a block on one CPU thread (small models and fair timings).
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake.
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Callable, Mapping
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping
 
 import torch
 
@@ -35,6 +37,22 @@ def pick_device(prefer: str | None = None) -> torch.device:
             raise ValueError(f"prefer={prefer!r}, but no CUDA device is available")
         return device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one CPU thread, then restore the previous setting.
+
+    The course's experiments use matrices too small to gain from a second thread, and on a
+    busy machine threads that wait for each other can cost more than the work; timings on
+    one thread compare algorithms rather than how many cores each can use.
+    """
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def setup(seed: int = 0) -> torch.device:

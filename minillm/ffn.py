@@ -121,8 +121,8 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 
     LLaMA-7B: swiglu_hidden_size(4096) == 11008.
     """
-    _check_size("d_model", d_model)
-    _check_size("multiple_of", multiple_of)
+    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
+        _check_size(name, value)
     hidden = int(2 * (4 * d_model) / 3)
     if ffn_dim_multiplier is not None:
         if isinstance(ffn_dim_multiplier, bool) or not isinstance(ffn_dim_multiplier, (int, float)) or ffn_dim_multiplier <= 0:
@@ -167,8 +167,8 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
     "swiglu"); ``training`` adds the backward pass, twice the forward. Biases and
     activations are left out.
     """
-    _check_size("d_model", d_model)
-    _check_size("d_ff", d_ff)
+    for name, size in (("d_model", d_model), ("d_ff", d_ff)):
+        _check_size(name, size)
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
         raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
     matrices = {"gelu": 2, "relu": 2, "gelu_tanh": 2, "swiglu": 3}

@@ -1,5 +1,7 @@
 """Shared fixtures: the chapters present, and one grading run per chapter."""
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,12 @@ SLUGS = paths.present_slugs()
 
 @pytest.fixture(scope="session")
 def grading_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("graded")
+    """A folder shared by every pytest-xdist worker of the session, so each chapter is graded
+    once whichever worker asks first (xdist_group does not group under pytest 9.2)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "graded"
+    root.mkdir(exist_ok=True)
+    return root
 
 
 def graded(slug: str, root: Path) -> dict:
@@ -20,8 +27,10 @@ def graded(slug: str, root: Path) -> dict:
 
     out = root / slug
     marker = out / "done.json"
-    if not marker.exists():
-        files = [paths.solution_notebook(slug), paths.release_notebook(slug)]
-        solution, untouched = grade_files(files, out)
-        marker.write_text(json.dumps({"solution": solution, "untouched": untouched}))
+    with open(root / f"{slug}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            files = [paths.solution_notebook(slug), paths.release_notebook(slug)]
+            solution, untouched = grade_files(files, out)
+            marker.write_text(json.dumps({"solution": solution, "untouched": untouched}))
     return json.loads(marker.read_text()) | {"out": str(out)}

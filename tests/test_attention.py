@@ -501,3 +501,12 @@ def test_kv_cache_bytes_equals_a_real_cache():
 def test_kv_cache_bytes_rejects_negative_sizes():
     with pytest.raises(ValueError, match="seq_len"):
         kv_cache_bytes(ModelConfig(), 1, -5)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_causal_attention_checks_the_mask_shape_before_combining(backend):
+    from minillm.attention import MultiHeadAttention
+
+    attention = MultiHeadAttention(16, 4, causal=True, backend=backend)
+    with pytest.raises(ValueError, match="mask"):
+        attention(torch.randn(2, 5, 16), mask=torch.ones(3, 4, dtype=torch.bool))

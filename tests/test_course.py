@@ -67,3 +67,12 @@ def test_pick_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="prefer"):
             course.pick_device("cuda")
+
+
+def test_one_thread_restores_the_setting_even_after_an_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with course.one_thread():
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before

@@ -302,16 +302,11 @@ def best_seconds(fn, *args, repeats: int = 7) -> float:
 
 lengths = [32, 64, 128, 256] if course.QUICK else [32, 64, 128, 256, 512, 1024, 2048]
 rnn_seconds, attention_seconds = [], []
-threads = torch.get_num_threads()
-torch.set_num_threads(1)
-try:
-    with torch.no_grad():
-        for n in tqdm(lengths, desc="timing"):
-            x = torch.randn(1, n, d)
-            rnn_seconds.append(best_seconds(rnn, x, W_xh, W_hh, b_h))
-            attention_seconds.append(best_seconds(attend, x))
-finally:
-    torch.set_num_threads(threads)
+with course.one_thread(), torch.no_grad():
+    for n in tqdm(lengths, desc="timing"):
+        x = torch.randn(1, n, d)
+        rnn_seconds.append(best_seconds(rnn, x, W_xh, W_hh, b_h))
+        attention_seconds.append(best_seconds(attend, x))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.loglog(lengths, [s * 1e3 for s in rnn_seconds], "o-", label="RNN, a loop over positions")
@@ -439,7 +434,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rope", "alibi"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("pre", "post"),
-    "ffn": ("gelu", "relu", "swiglu"),
+    "ffn": ("gelu", "gelu_tanh", "relu", "swiglu"),
 }
 
 
@@ -582,7 +577,8 @@ for d, h, kv, bias in [(8192, 64, 8, False), (128, 8, 2, True), (96, 6, 1, True)
 #   two input projections $W_1, W_3: d \to d_{ff}$ and one output projection
 #   $W_2: d_{ff} \to d$, each with a bias when `config.bias` is true.
 #
-# Return the parameter count for `config.ffn` in `("gelu", "relu", "swiglu")`.
+# Return the parameter count for `config.ffn` in `("gelu", "gelu_tanh", "relu", "swiglu")`
+# (`gelu_tanh` is GELU's tanh approximation, which GPT-2 uses: same shape as GELU).
 #
 # Difficulty ●○○ · Importance ●●○ · about 8 minutes
 #

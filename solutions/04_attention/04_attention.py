@@ -1126,11 +1126,17 @@ def get_attention_backend(name: str) -> AttentionBackend:
     return _BACKENDS[name]
 
 
-def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> torch.Tensor:
-    """``mask`` combined with the (offset) causal mask: bool stays bool, float gets -inf."""
-    allowed = causal_mask(q_len, device, k_len=k_len)
+def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` (checked against the scores' shape) combined with the (offset) causal mask.
+
+    q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
+    stays bool; a float mask gets -inf where the causal mask forbids.
+    """
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    allowed = causal_mask(q_len, q.device, k_len=k_len)
     if mask is None:
         return allowed
+    check_mask_shape(mask, torch.Size((*q.shape[:-1], k_len)), "mask")
     if mask.dtype == torch.bool:
         return mask & allowed
     return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
@@ -1139,7 +1145,7 @@ def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> t
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
     if causal:
-        mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        mask = _with_causal(mask, q, k)
     if dropout_p == 0.0:
         return scaled_dot_product_attention(q, k, v, mask=mask)
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
@@ -1152,7 +1158,7 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     if causal and mask is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if causal:
-        mask = _with_causal(mask, q_len, k_len, q.device)
+        mask = _with_causal(mask, q, k)
     if mask is not None and mask.is_floating_point():
         mask = mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
@@ -1278,7 +1284,7 @@ class MultiHeadAttention(nn.Module):
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
         if self.causal:
-            mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+            mask = _with_causal(mask, q, k)
         return scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]
 
 # %% [markdown]
@@ -1421,9 +1427,7 @@ model = TinyAttentionLM(len(chars), context=context).to(device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 losses = []
 start = time.perf_counter()
-threads = torch.get_num_threads()
-torch.set_num_threads(1)  # this model's matrix products are too small to gain from sharing them across cores
-try:
+with course.one_thread():  # this model's matrix products are too small to gain from sharing them across cores
     for step in tqdm(range(steps), desc="training"):
         starts = torch.randint(len(data) - context - 1, (batch_size,))
         batch = torch.stack([data[s:s + context + 1] for s in starts]).to(device)
@@ -1433,8 +1437,6 @@ try:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-finally:
-    torch.set_num_threads(threads)
 print(f"{steps} steps in {time.perf_counter() - start:.1f} s; loss {losses[0]:.2f} → {sum(losses[-20:]) / len(losses[-20:]):.2f} "
       f"(uniform guessing: {math.log(len(chars)):.2f})")
 

@@ -1,0 +1,106 @@
+"""Start a learner's process inside its sandbox: ``python _launch.py SPEC.json -- CMD...``.
+
+Run as a script, never imported by the grader, and kept to the standard library so that it
+starts fast. When the grader runs as root it is started by ``unshare`` in new network,
+mount and PID namespaces; then it builds a new root file system that holds only what the
+learner's code needs (system libraries, the Python installation and virtual environment,
+the course package, the course data, and the sandbox folder), mounts a fresh ``/proc``,
+``/tmp`` and ``/dev``, and drops to an unprivileged user. In every case it sets the
+resource limits, closes inherited file descriptors, and replaces the environment with the
+spec's before it executes the command.
+"""
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount(source, target, fstype, flags, data=None):
+    encode = lambda s: None if s is None else str(s).encode()  # noqa: E731
+    if libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {source} on {target}: {os.strerror(error)}")
+
+
+def bind(path, root, writable=False, device=False):
+    """Bind ``path`` at the same place under ``root`` (symbolic links are recreated)."""
+    target = root + path
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(path), target)
+        return
+    if not os.path.exists(path):
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    mount(path, target, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
+    mount(None, target, None, flags)
+
+
+def build_root(spec):
+    root = spec["root"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=755")
+    os.makedirs(root + "/tmp", exist_ok=True)
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_bytes']},mode=1777")
+    for path in spec["read_only"]:
+        bind(path, root)
+    for path in spec["writable"]:
+        bind(path, root, writable=True)
+    os.makedirs(root + "/dev", exist_ok=True)
+    mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
+    for name in DEVICES:
+        bind("/dev/" + name, root, writable=True, device=True)
+    os.makedirs(root + "/dev/shm", exist_ok=True)
+    mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_bytes']},mode=1777")
+    os.makedirs(root + "/proc", exist_ok=True)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.chroot(root)
+
+
+def main(argv):
+    spec_path, separator, command = argv[1], argv[2], argv[3:]
+    if separator != "--" or not command:
+        raise SystemExit("usage: _launch.py SPEC.json -- COMMAND...")
+    with open(spec_path) as stream:
+        spec = json.load(stream)
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if spec.get("connection_file") and uid is not None:
+        os.chown(spec["connection_file"], uid, gid)
+    if spec.get("isolate_files"):
+        build_root(spec)
+    os.chdir(spec["cwd"])
+    for name, value in spec["rlimits"].items():
+        limit = getattr(resource, "RLIMIT_" + name)
+        value = resource.RLIM_INFINITY if value is None else int(value)
+        resource.setrlimit(limit, (value, value))
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # changing user cleared it
+    os.umask(0o077)
+    quiet = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    os.closerange(3, 65536)
+    os.execve(command[0], command, spec["env"])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

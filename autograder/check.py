@@ -1,0 +1,108 @@
+"""``python -m autograder check NOTEBOOK|CHAPTER``: the learner's own report.
+
+The notebook goes through the same machinery as grading (answers taken by ``grade_id``
+into the learner's release of the chapter, the learner's cells in a sandboxed kernel, the
+checks in a separate process), with the visible checks only: hidden checks run when the
+notebook is graded. It needs only the learner's release (``chapters/``), never the
+solutions, so it works from a student bundle.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from coursebuild import paths
+
+from . import analysis
+from .chapters import Chapter, chapter_of
+from .execute import execute_sync
+from .reconstruct import SubmissionError, reconstruct
+from .sandbox import Limits
+
+SHOWN_FLAGS = ("missing-answer", "extra-cells-ignored", "reference-use", "reference-nearby", "cell-timeout",
+               "kernel-died", "kernel-stuck", "notebook-timeout", "output-truncated", "call-timeout", "answer-too-large")
+
+
+def resolve_target(target: str) -> Path:
+    """The notebook ``target`` names: a file, or a chapter's copy in ``work/``."""
+    path = Path(target)
+    if path.is_file():
+        return path
+    try:
+        slug = paths.resolve_slugs([target])[0]
+    except ValueError:
+        raise ValueError(f"argument NOTEBOOK|CHAPTER: {target!r} is neither a notebook nor a chapter "
+                         f"(chapters: {', '.join(paths.present_slugs())})") from None
+    work = paths.ROOT / "work" / slug / f"{slug}.ipynb"
+    if not work.exists():
+        raise ValueError(f"argument NOTEBOOK|CHAPTER: chapter {slug} has no notebook at {work} "
+                         "(run make lab first, or name your notebook's file)")
+    return work
+
+
+def report(target: str, limits: Limits | None = None, stream=None) -> dict:
+    """Check a notebook; print the report to ``stream``; the per-check outcome."""
+    stream = stream or sys.stdout
+    limits = limits or Limits()
+    path = resolve_target(target)
+    slug = chapter_of(path)
+    release = paths.release_notebook(slug)
+    chapter = Chapter.from_release(release, slug)
+    try:
+        rebuilt = reconstruct(chapter, path.read_bytes(), path.name)
+    except SubmissionError as error:
+        print(f"✗ {error}", file=stream)
+        return {"ok": False, "checks": {}}
+    wrong = [f for f in rebuilt.flags if f["kind"] == "wrong-chapter"]
+    if wrong:
+        print(f"✗ this is not a notebook of chapter {slug}: {wrong[0]['detail']}", file=stream)
+        return {"ok": False, "checks": {}}
+    names = set()
+    for grade_id, source in rebuilt.answers.items():
+        if source and chapter.by_id[grade_id].kind == "answer":
+            fact = analysis.facts(source)
+            names |= fact.binds - fact.imports - {analysis.STAR}
+    execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names))
+    print(f"{slug}: checking {path}", file=stream)
+    checks = {}
+    exercise = 0
+    for cell in chapter.cells:
+        if cell.kind == "answer":
+            exercise += 1
+            print(f"\nExercise {exercise} · {cell.grade_id}", file=stream)
+            if rebuilt.reasons.get(cell.grade_id):
+                print(f"  ✗ {rebuilt.reasons[cell.grade_id]}", file=stream)
+        elif cell.kind == "visible":
+            verdict = execution.verdicts.get(cell.index)
+            withheld = rebuilt.reasons.get(cell.exercise)
+            passed = not withheld and verdict is not None and verdict["status"] == "passed"
+            checks[cell.grade_id] = passed
+            if passed:
+                print(f"  ✓ {cell.grade_id} ({cell.points:g} point{'s' if cell.points != 1 else ''})", file=stream)
+            elif not withheld:
+                why = (f"{verdict.get('ename')}: {verdict.get('evalue')}" if verdict else
+                       execution.reason or "not run")
+                print(f"  ✗ {cell.grade_id}: {why}", file=stream)
+        elif cell.kind == "hidden":
+            print(f"  · {cell.grade_id} ({cell.points:g} points): a hidden check, run when your notebook is graded",
+                  file=stream)
+        elif cell.kind == "written":
+            state = "answered" if rebuilt.status.get(cell.grade_id) == "answered" else "not answered yet"
+            print(f"\nWritten answer {cell.grade_id} ({cell.points:g} points, graded by hand): {state}", file=stream)
+    notes = [f for f in rebuilt.flags + execution.flags if f["kind"] in SHOWN_FLAGS]
+    if notes:
+        print("\nNotes:", file=stream)
+        for note in notes:
+            print(f"  - {note['detail']}", file=stream)
+    passed = sum(checks.values())
+    print(f"\n{passed} of {len(checks)} visible checks pass.", file=stream)
+    return {"ok": passed == len(checks), "checks": checks}
+
+
+def check_command(target: str, limits: Limits) -> int:
+    try:
+        outcome = report(target, limits)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0 if outcome["ok"] else 1

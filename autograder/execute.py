@@ -1,0 +1,220 @@
+"""Run one reconstructed notebook: the learner's cells in the sandbox, the checks in the judge.
+
+The judge process starts first and imports what the checks need while the learner's kernel
+starts and runs the notebook; then the judge runs the planned cells of the master with the
+learner's answers as proxies. Both processes are gone when :func:`execute` returns.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .chapters import Chapter
+from .kernel import StudentKernel
+from .sandbox import Limits, Sandbox, claim, die_with_parent
+
+# Variables of the grader's own environment that the judge keeps (the judge runs trusted
+# code, but it has no need of anything else either).
+JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MINILLM_DATA", "TRITON_INTERPRET", "VIRTUAL_ENV")
+
+
+@dataclass
+class Execution:
+    """What happened: the executed learner notebook, the judge's verdicts, and flags."""
+
+    notebook: nbformat.NotebookNode
+    verdicts: dict[int, dict]            # master cell index → the judge's verdict
+    cells: dict[int, dict]               # learner cell index → status in the learner's kernel
+    described: dict[str, dict]
+    flags: list[dict] = field(default_factory=list)
+    reason: str = ""                     # why the learner's process stopped early, if it did
+    seconds: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    judge_error: str = ""
+
+
+def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> list[dict]:
+    """The cells the judge runs, with their sources from the master.
+
+    ``early`` marks the leading cells that read none of the learner's names: the judge runs
+    them while the learner's notebook is still running.
+    """
+    from . import analysis
+
+    cells, leading = [], True
+    learner = set(names)
+    for index in chapter.plan:
+        cell = chapter.cells[index]
+        if visible_only and cell.kind == "hidden":
+            continue
+        source = chapter.plan_source(index)
+        fact = analysis.facts(source)
+        leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
+        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test, "source": source,
+                      "early": leading})
+    return cells
+
+
+class Zygote:
+    """A pre-warmed judge parent (``python -m autograder.judge --zygote``), one per process.
+
+    Importing torch and IPython costs seconds of CPU; the zygote pays it once and forks a
+    fresh judge for each submission.
+    """
+
+    _running: dict[tuple, "Zygote"] = {}
+
+    def __init__(self, env: dict):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.judge", "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(), preexec_fn=die_with_parent, text=True)
+        if self.process.stdout.readline().strip() != "zygote":
+            raise RuntimeError("the judges' zygote did not start")
+
+    @classmethod
+    def get(cls, env: dict) -> "Zygote":
+        key = tuple(sorted((k, v) for k, v in env.items() if k != "IPYTHONDIR"))
+        zygote = cls._running.get(key)
+        if zygote is None or zygote.process.poll() is not None:
+            zygote = cls._running[key] = cls(env)
+        return zygote
+
+    def spawn(self, plan: Path, channel: Path, log: Path, env: dict) -> int:
+        request = {"plan": str(plan), "channel": str(channel), "log": str(log), "env": env}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return int(self.process.stdout.readline())
+
+
+def _kill_judge(judge: tuple[int, str] | None) -> None:
+    """Kill the judge (a pid and its start time, so that a reused pid is never hit)."""
+    if not judge or not judge[0]:
+        return
+    from .sandbox import _start_time
+
+    pid, started = judge
+    if _start_time(pid) == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
+                  visible_only: bool = False, names: list[str] | None = None,
+                  scratch: Path | None = None) -> Execution:
+    """Execute ``notebook`` (the reconstruction's learner view) and judge it.
+
+    ``scratch``: the folder for the sandbox and the judge's files (default: the system's).
+    """
+    seed = secrets.randbelow(2**31) if seed is None else int(seed)
+    started = time.monotonic()
+    sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
+    private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
+    os.chmod(private, 0o700)
+    claim(private)
+    (private / "work").mkdir()
+    notebook_path = sandbox.work / f"{chapter.slug}.ipynb"
+    nbformat.write(notebook, notebook_path)
+    sandbox.chown(notebook_path)
+    learner_names = sorted(set(chapter.proxied_names) | set(names or []))
+    plan = {
+        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
+        "names": learner_names, "uid": sandbox.uid,
+        "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
+        "call_timeout": limits.call_timeout, "seed": seed,
+        "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
+    }
+    (private / "plan.json").write_text(json.dumps(plan))
+    env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
+    env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, jobs)))})
+    judge_env = {**env, "IPYTHONDIR": str(private / "ipython")}
+    loop = asyncio.get_running_loop()
+    connected = loop.create_future()
+
+    async def on_connect(reader, writer):
+        if not connected.done():
+            connected.set_result((reader, writer))
+        else:
+            writer.close()
+
+    channel = private / "judge.sock"
+    listener = await asyncio.start_unix_server(on_connect, path=str(channel))
+    os.chmod(channel, 0o600)
+    judge_pid = None
+    fallback = None
+    from .sandbox import _start_time
+
+    try:
+        judge_pid = Zygote.get(env).spawn(private / "plan.json", channel, private / "judge.log", judge_env)
+    except (OSError, ValueError, RuntimeError):
+        fallback = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
+            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
+            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
+        judge_pid = fallback.pid
+    judge = (judge_pid, _start_time(judge_pid))
+    kernel = StudentKernel(sandbox, limits, notebook)
+    flags = list(sandbox.isolation.flags)
+    seconds = {}
+    judge_error = ""
+    verdicts: list[dict] = []
+    described: dict = {}
+    try:
+        try:
+            await kernel.start()
+        except Exception as error:  # noqa: BLE001
+            log = (sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
+        seconds["start"] = time.monotonic() - started
+        await kernel.run()
+        seconds["notebook"] = kernel.seconds
+        flags += kernel.flags
+        judge_started = time.monotonic()
+        try:
+            reader, writer = await asyncio.wait_for(connected, 120)
+            ready = await asyncio.wait_for(reader.readline(), 120)
+            if ready.strip() != b"ready":
+                raise RuntimeError("the judge did not start")
+            connection = {k: (v.decode() if isinstance(v, bytes) else v)
+                          for k, v in kernel.km.get_connection_info().items()}
+            status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
+            writer.write(b"go " + json.dumps(status).encode() + b"\n")
+            await writer.drain()
+            budget = limits.notebook_timeout + limits.call_timeout + 60
+            await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
+            outcome = json.loads((private / "verdicts.json").read_text())
+            verdicts, described = outcome["cells"], outcome["described"]
+            flags += outcome["events"]
+        except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
+            log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
+            judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
+        seconds["judge"] = time.monotonic() - judge_started
+    finally:
+        _kill_judge(judge)
+        if fallback is not None:
+            await fallback.wait()
+        listener.close()
+        await kernel.stop()
+        sandbox.remove()
+        shutil.rmtree(private, ignore_errors=True)
+    seconds["total"] = time.monotonic() - started
+    return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
+                     kernel.reason, seconds, seed, judge_error)
+
+
+def execute_sync(*args, **kwargs) -> Execution:
+    return asyncio.run(execute(*args, **kwargs))

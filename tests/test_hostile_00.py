@@ -1,0 +1,73 @@
+"""Hostile notebooks of a real chapter (00): the reference, patched course helpers, lying tensors."""
+import pytest
+
+from autograder.chapters import Chapter
+from autograder.grade import grade_files
+from autograder.sandbox import Limits
+
+from . import grading_fixture as fx
+
+pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="hostile-00")]
+
+WRONG = {
+    "rnn_forward": "def rnn_forward(x, W_xh, W_hh, b_h):\n    return torch.zeros(x.shape[0], x.shape[1], W_hh.shape[0])\n",
+    "self_attention": "def self_attention(x):\n    return x\n",
+    "attention_parameters": "def attention_parameters(config):\n    return 0\n",
+    "ffn_parameters": "def ffn_parameters(config):\n    return 0\n",
+    "count_parameters": "def count_parameters(config):\n    return 124_439_808\n",
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return fx.once(tmp_path_factory, "hostile-00", _grade)
+
+
+def _grade(root):
+    chapter = Chapter.load("00_history")
+    cases = {
+        # The reference, reached three ways; the other two exercises are the learner's own.
+        "reference": {"rnn_forward": "from minillm.history import rnn_forward",
+                      "self_attention": "from minillm import history\nself_attention = history.self_attention",
+                      "attention_parameters": "import minillm.config as c\n"
+                                              "def attention_parameters(config):\n    return c.attention_parameters(config)"},
+        "patched_helpers": {**WRONG, "rnn_forward": "import numpy, torch\nfrom minillm import course\n"
+                            "course.expect_close = course.expect_equal = lambda *a, **k: None\n"
+                            "course.close = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
+                            "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n"
+                            + WRONG["rnn_forward"]},
+        "lying_tensor": {**WRONG, "self_attention": "class Liar(torch.Tensor):\n"
+                         "    @classmethod\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+                         "        out = super().__torch_function__(func, types, args, kwargs)\n"
+                         "        return True if func.__name__ in ('allclose', 'equal', '__eq__') else out\n"
+                         "def self_attention(x):\n    return torch.zeros_like(x).as_subclass(Liar)\n"},
+    }
+    files = []
+    for name, answers in cases.items():
+        data = fx.submission(chapter, answers, solved=name == "reference")
+        files.append((fx.write(data, root / "subs" / name / "00_history.ipynb"), root / "subs"))
+    limits = Limits(cell_timeout=60, notebook_timeout=240, call_timeout=30)
+    results = grade_files(files, root / "out", jobs=2, limits=limits, course=False)
+    return {name: outcome for name, outcome in zip(cases, results)}
+
+
+def scores(outcome):
+    return {t["name"]: t["score"] for t in outcome["tests"]}
+
+
+def test_the_reference_earns_nothing_and_is_flagged(graded):
+    outcome = graded["reference"]
+    own = {"ffn_parameters_visible", "ffn_parameters_hidden", "count_parameters_visible", "count_parameters_hidden"}
+    assert {k for k, v in scores(outcome).items() if v} == own
+    assert outcome["score"] == 7
+    flagged = {f["cell"] for f in outcome["extra_data"]["flags"] if f["kind"] == "reference-use"}
+    assert {"rnn_forward", "self_attention", "attention_parameters"} <= flagged
+    assert all("reference" in t["output"] for t in outcome["tests"] if t["score"] == 0)
+
+
+@pytest.mark.parametrize("name", ["patched_helpers", "lying_tensor"])
+def test_patched_helpers_and_lying_tensors_earn_nothing(graded, name):
+    outcome = graded[name]
+    assert outcome["score"] == 0, [(t["name"], t["output"]) for t in outcome["tests"] if t["score"]]
+    assert all(t["output"] for t in outcome["tests"])
+    assert not outcome["extra_data"].get("grader_error")
