@@ -1764,7 +1764,6 @@ for step in tqdm(range(demo_config.steps), desc="masked LM"):
     torch.nn.utils.clip_grad_norm_(encoder.parameters(), demo_config.grad_clip)
     optimizer.step()
     scheduler.step()
-encoder.eval()
 
 # %% [markdown]
 # Now both predict the same hidden tokens of the validation text: every eighth position
@@ -1773,6 +1772,7 @@ encoder.eval()
 # the GPT predicts it from the tokens before it, as always.
 
 # %%
+encoder.eval()
 windows = val_ids[: 64 * 100].reshape(100, 64)
 results = {"encoder, both sides visible": 0.0, "encoder, left side only": 0.0, "GPT (left side, always)": 0.0}
 hidden_positions = range(8, 64, 8)
