@@ -11,8 +11,7 @@ import torch
 
 from minillm.model import GPT, GPTConfig
 
-_ACTIVATIONS = {"gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"), "gelu": ("gelu", "none"),
-                "relu": ("relu", "none")}
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
 
 def gpt2_config(hf_config) -> GPTConfig:
@@ -25,11 +24,10 @@ def gpt2_config(hf_config) -> GPTConfig:
             raise ValueError(f"GPT2Config.{flag}=True is not supported")
     if not getattr(hf_config, "scale_attn_weights", True):
         raise ValueError("GPT2Config.scale_attn_weights=False is not supported (attention divides by sqrt(head_dim))")
-    ffn, approximate = _ACTIVATIONS[hf_config.activation_function]
     return GPTConfig(
         name="gpt2-converted", vocab_size=hf_config.vocab_size, context_length=hf_config.n_positions,
         d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
-        d_ff=hf_config.n_inner or 4 * hf_config.n_embd, ffn=ffn, gelu_approximate=approximate,
+        d_ff=hf_config.n_inner or 4 * hf_config.n_embd, ffn=_ACTIVATIONS[hf_config.activation_function],
         eps=hf_config.layer_norm_epsilon, bias=True, tie_embeddings=True,
     )
 

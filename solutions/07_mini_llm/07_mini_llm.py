@@ -73,7 +73,7 @@ torch.set_num_threads(1)  # this chapter's models are small: one thread is as fa
 # | `positions` | `"learned"` (GPT-2), `"sinusoidal"` (2017), `"rope"` (Llama), `"alibi"` | 03 |
 # | `n_kv_heads` | `n_heads` (MHA), fewer (GQA), 1 (MQA) | 04 |
 # | `attention_backend` | `"math"` (written out), `"sdpa"` (PyTorch's fused kernel) | 04 |
-# | `ffn`, `gelu_approximate` | `"gelu"` (`"tanh"`: GPT-2's), `"relu"`, `"swiglu"` | 05 |
+# | `ffn` | `"gelu"`, `"gelu_tanh"` (GPT-2's), `"relu"`, `"swiglu"` (Llama) | 05 |
 # | `norm`, `norm_placement` | `"layernorm"`, `"rmsnorm"`; `"pre"`, `"post"` | 06 |
 # | `tie_embeddings`, `bias`, `dropout`, `scale_embeddings` | GPT-2: tied, biases, 0.1, off | 02, 06 |
 #
@@ -123,8 +123,8 @@ class GPTConfig(ModelConfig):
     """A ``ModelConfig`` (same fields, same meaning) plus what training and building need.
 
     architecture: "decoder" (causal, a GPT) or "encoder" (bidirectional, BERT-style; for
-    the masked-LM contrast). ffn: a name in the FFN registry ("gelu", "relu", "swiglu").
-    gelu_approximate: "none" or "tanh" (GPT-2's GELU) for ffn "gelu".
+    the masked-LM contrast). ffn: a name in the FFN registry ("gelu", "gelu_tanh" (GPT-2's),
+    "relu", "swiglu").
     dropout: on the embeddings, attention weights and both residual branches while
     training. attention_backend: a name in the attention-backend registry ("math", "sdpa").
     eps: the norms' epsilon. scale_embeddings: multiply token embeddings by sqrt(d_model)
@@ -137,7 +137,6 @@ class GPTConfig(ModelConfig):
     attention_backend: str = "math"
     eps: float = 1e-5
     scale_embeddings: bool = False
-    gelu_approximate: str = "none"
     rope_theta: float = 10000.0
     init_std: float = 0.02
 
@@ -150,10 +149,6 @@ class GPTConfig(ModelConfig):
                              f"(got n_token_types={self.n_token_types}, pooler={self.pooler})")
         if self.ffn not in FFN_REGISTRY:
             raise ValueError(f"ffn must be a registered FFN, one of {sorted(FFN_REGISTRY)}, got {self.ffn!r}")
-        if self.gelu_approximate not in ("none", "tanh"):
-            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
-        if self.gelu_approximate == "tanh" and self.ffn != "gelu":
-            raise ValueError(f"gelu_approximate='tanh' needs ffn='gelu', got ffn={self.ffn!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
         for name in ("eps", "init_std"):
@@ -169,11 +164,6 @@ class GPTConfig(ModelConfig):
             raise ValueError("ALiBi's bias as built here assumes causal attention: use another "
                              "positions choice with architecture='encoder'")
         get_attention_backend(self.attention_backend)
-
-    @property
-    def ffn_name(self) -> str:
-        """The FFN registry entry the blocks are built from."""
-        return "gelu_tanh" if self.gelu_approximate == "tanh" else self.ffn
 
     def to_dict(self) -> dict:
         """The fields as a plain dict (what checkpoints store)."""
@@ -244,7 +234,7 @@ class GPT(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(c.d_model, c.n_heads, c.d_ff, n_kv_heads=c.n_kv_heads, norm=c.norm,
-                             norm_placement=c.norm_placement, ffn=c.ffn_name, bias=c.bias, dropout=c.dropout,
+                             norm_placement=c.norm_placement, ffn=c.ffn, bias=c.bias, dropout=c.dropout,
                              attention_backend=c.attention_backend,
                              rotary=None if self.rotary is None else self.rotary.rotate, eps=c.eps,
                              causal=c.architecture == "decoder")
@@ -271,7 +261,7 @@ class GPT(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"{c.positions} positions, {c.norm_placement}-{c.norm}, ffn={c.ffn_name}, "
+        return (f"{c.positions} positions, {c.norm_placement}-{c.norm}, ffn={c.ffn}, "
                 f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {c.architecture}")
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None,
