@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
     t.add_argument("--ffn", choices=("gelu", "relu", "swiglu"), default=recipe["ffn"], help="(default: %(default)s)")
     t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    t.add_argument("--threads", type=_positive_int, default=None,
+                   help="CPU threads for torch (default: torch's choice, all cores); results are bit-identical "
+                        "only for the same thread count, machine and torch version")
     t.add_argument("--figure", type=Path, help="also save the loss curves as an image here")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -112,6 +115,8 @@ def cmd_train(args) -> None:
     from minillm.tokenizer import BPETokenizer
 
     started = time.time()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     train_text, val_text = data.split_corpus(_corpus(args.corpus))
     print(f"corpus: {len(train_text):,d} training and {len(val_text):,d} validation characters", flush=True)
     tokenizer = BPETokenizer.train(train_text, args.vocab_size, progress=not args.quiet)
@@ -144,7 +149,8 @@ def cmd_train(args) -> None:
     training.save_model(out, model, tokenizer=tokenizer_out.name, val_nats_per_char=loss,
                         train_loss=history["train_loss"].tolist(), val_step=history["val_step"],
                         val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
-                        chars_per_token=len(val_text) / len(val_ids))
+                        chars_per_token=len(val_text) / len(val_ids), torch_version=torch.__version__,
+                        torch_threads=torch.get_num_threads(), minutes=minutes)
     print(f"wrote {out} and {tokenizer_out}")
     if args.figure:
         training.plot_history(history).savefig(args.figure, dpi=120)
