@@ -149,7 +149,7 @@ def cmd_train(args) -> None:
     training.save_model(out, model, tokenizer=tokenizer_out.name, val_nats_per_char=loss,
                         train_loss=history["train_loss"].tolist(), val_step=history["val_step"],
                         val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
-                        chars_per_token=len(val_text) / len(val_ids), torch_version=torch.__version__,
+                        chars_per_token=len(val_text) / len(val_ids), torch_version=str(torch.__version__),
                         torch_threads=torch.get_num_threads(), minutes=minutes)
     print(f"wrote {out} and {tokenizer_out}")
     if args.figure:
