@@ -110,7 +110,12 @@ def test_token_nll_against_a_loop_over_windows():
         expected += F.cross_entropy(logits[0], window[1:], reduction="sum").item()
     assert total == pytest.approx(expected, rel=1e-5)
     assert nats_per_char(model, ids, 90, batch_size=3) == pytest.approx(expected / 90, rel=1e-5)
-    assert token_nll(model, ids, max_windows=2)[1] == 16
+    first_and_last = token_nll(model, ids, max_windows=2)  # evenly spaced: the first and the short last window
+    assert first_and_last[1] == 8 + 4
+    window = ids[40:45]
+    last = F.cross_entropy(model(window[None, :-1])[0][0], window[1:], reduction="sum").item()
+    first = F.cross_entropy(model(ids[None, :8])[0][0], ids[1:9], reduction="sum").item()
+    assert first_and_last[0] == pytest.approx(first + last, rel=1e-5)
 
 
 def test_token_nll_of_a_uniform_model_is_log_vocab():

@@ -1,0 +1,207 @@
+"""``python -m minillm train | generate | evaluate``: the command line (infrastructure; no chapter teaches this module).
+
+- ``train``: learn a BPE tokenizer on the first 90% of the corpus, train the default GPT
+  on it, report the validation loss in nats per character, print a sample, and write the
+  model and its tokenizer (by default into ``data/``, where the course loads them).
+  ``--resume`` continues an interrupted run from its training checkpoint, exactly.
+- ``generate``: continue a prompt with a trained model (by default the shipped one).
+- ``evaluate``: the validation loss of a trained model in nats per character.
+
+Run any of them with ``--help`` for the options.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_NAME = "minillm-shakespeare"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from minillm import train as training
+
+    recipe = training.DEFAULT_RECIPE
+    parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__.split("\n\n")[1].strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,generate,evaluate}")
+
+    t = commands.add_parser("train", help="train the default model on the bundled corpus",
+                            description="Train a GPT on the bundled corpus (tiny Shakespeare by default). The "
+                                        "tokenizer is trained on the first 90% of the text; the last 10% "
+                                        "validates. Defaults are the recipe of `make train`.")
+    t.add_argument("--corpus", type=Path, help="a UTF-8 text file to train on (default: the bundled corpus)")
+    t.add_argument("--out", type=Path, help=f"where the model goes (default: data/{DEFAULT_NAME}.pt); its "
+                                            "tokenizer is written beside it as *-tokenizer.json")
+    t.add_argument("--run", type=Path, default=Path("build") / "minillm-train.pt",
+                   help="the training checkpoint, written as training goes (default: %(default)s)")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in --run")
+    t.add_argument("--steps", type=_positive_int, default=recipe["steps"], help="optimizer steps (default: %(default)s)")
+    t.add_argument("--batch-size", type=_positive_int, default=recipe["batch_size"], help="(default: %(default)s)")
+    t.add_argument("--lr", type=float, default=recipe["lr"], help="peak learning rate (default: %(default)s)")
+    t.add_argument("--vocab-size", type=_positive_int, default=recipe["vocab_size"], help="(default: %(default)s)")
+    t.add_argument("--context", type=_positive_int, default=recipe["context_length"], help="(default: %(default)s)")
+    t.add_argument("--d-model", type=_positive_int, default=recipe["d_model"], help="(default: %(default)s)")
+    t.add_argument("--layers", type=_positive_int, default=recipe["n_layers"], help="(default: %(default)s)")
+    t.add_argument("--heads", type=_positive_int, default=recipe["n_heads"], help="(default: %(default)s)")
+    t.add_argument("--dropout", type=float, default=recipe["dropout"], help="(default: %(default)s)")
+    t.add_argument("--positions", choices=("learned", "sinusoidal", "rope", "alibi"), default=recipe["positions"],
+                   help="(default: %(default)s)")
+    t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
+    t.add_argument("--ffn", choices=("gelu", "relu", "swiglu"), default=recipe["ffn"], help="(default: %(default)s)")
+    t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    t.add_argument("--threads", type=_positive_int, default=None,
+                   help="CPU threads for torch (default: torch's choice, all cores); results are bit-identical "
+                        "only for the same thread count, machine and torch version")
+    t.add_argument("--figure", type=Path, help="also save the loss curves as an image here")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    g = commands.add_parser("generate", help="continue a prompt with a trained model",
+                            description="Continue a prompt with a trained model (default: the shipped one).")
+    g.add_argument("--prompt", default="ROMEO:", help="the text to continue (default: %(default)r)")
+    g.add_argument("--model", type=Path, help=f"a model file (default: data/{DEFAULT_NAME}.pt)")
+    g.add_argument("--tokenizer", type=Path, help="its tokenizer (default: beside the model, *-tokenizer.json)")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="(default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text (default: %(default)s)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    e = commands.add_parser("evaluate", help="validation loss of a trained model, in nats per character",
+                            description="The summed token loss over the validation text (the last 10% of the "
+                                        "corpus) divided by its number of characters.")
+    e.add_argument("--model", type=Path, help=f"a model file (default: data/{DEFAULT_NAME}.pt)")
+    e.add_argument("--tokenizer", type=Path, help="its tokenizer (default: beside the model)")
+    e.add_argument("--corpus", type=Path, help="the corpus whose last 10%% validates (default: the bundled one)")
+    e.add_argument("--max-chars", type=int, default=None, help="evaluate only the first N validation characters")
+    return parser
+
+
+def _corpus(path: Path | None) -> str:
+    from minillm import data
+
+    if path is None:
+        return data.corpus_text()
+    if not path.is_file():
+        raise SystemExit(f"error: corpus file {str(path)!r} does not exist")
+    return path.read_text(encoding="utf-8")
+
+
+def _model_paths(model: Path | None, tokenizer: Path | None) -> tuple[Path, Path]:
+    from minillm import train as training
+
+    if model is None:
+        return training.pretrained_paths()
+    return model, tokenizer or training.tokenizer_path_for(model)
+
+
+def cmd_train(args) -> None:
+    import torch
+
+    from minillm import data, train as training
+    from minillm.generate import generate_text
+    from minillm.model import GPT
+    from minillm.tokenizer import BPETokenizer
+
+    started = time.time()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train_text, val_text = data.split_corpus(_corpus(args.corpus))
+    print(f"corpus: {len(train_text):,d} training and {len(val_text):,d} validation characters", flush=True)
+    tokenizer = BPETokenizer.train(train_text, args.vocab_size, progress=not args.quiet)
+    train_ids = torch.tensor(tokenizer.encode(train_text))
+    val_ids = torch.tensor(tokenizer.encode(val_text))
+    print(f"tokenizer: {len(tokenizer)} tokens, {len(train_text) / len(train_ids):.2f} characters per token "
+          f"({len(train_ids):,d} training tokens)", flush=True)
+    config = training.recipe_config(len(tokenizer), context_length=args.context, d_model=args.d_model,
+                                    n_layers=args.layers, n_heads=args.heads, dropout=args.dropout,
+                                    positions=args.positions, norm=args.norm, ffn=args.ffn)
+    train_config = training.recipe_train_config(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                                seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = GPT(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params:,d} parameters, {config.n_layers} layers, d_model {config.d_model}, "
+          f"{config.positions}, {config.norm}, {config.ffn}, context {config.context_length} tokens; {train_config.steps} steps of "
+          f"{train_config.batch_size} x {config.context_length} tokens", flush=True)
+    history = training.train(model, train_ids, val_ids, train_config, checkpoint_path=args.run, resume=args.resume,
+                             progress=not args.quiet)
+    total, count = training.token_nll(model, val_ids)
+    loss = total / len(val_text)
+    minutes = (time.time() - started) / 60
+    print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits per character; "
+          f"{total / count:.3f} nats per token) on the last 10% of the corpus; {minutes:.1f} minutes in all",
+          flush=True)
+    out, tokenizer_out = _model_paths(args.out, None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(tokenizer_out)
+    training.save_model(out, model, tokenizer=tokenizer_out.name, val_nats_per_char=loss,
+                        train_loss=history["train_loss"].tolist(), val_step=history["val_step"],
+                        val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
+                        chars_per_token=len(val_text) / len(val_ids), torch_version=str(torch.__version__),
+                        torch_threads=torch.get_num_threads(), minutes=minutes)
+    print(f"wrote {out} and {tokenizer_out}")
+    if args.figure:
+        training.plot_history(history).savefig(args.figure, dpi=120)
+        print(f"wrote {args.figure}")
+    sample = generate_text(model, tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
+                           generator=torch.Generator().manual_seed(0))
+    print("\nsample (prompt 'ROMEO:', temperature 0.8, top-p 0.95, seed 0):\n" + sample)
+
+
+def cmd_generate(args) -> None:
+    import torch
+
+    from minillm import train as training
+    from minillm.generate import generate_text
+    from minillm.tokenizer import BPETokenizer
+
+    model_path, tokenizer_path = _model_paths(args.model, args.tokenizer)
+    model = training.load_model(model_path)
+    tokenizer = BPETokenizer.load(tokenizer_path)
+    text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
+                         progress=not args.quiet)
+    print(text)
+
+
+def cmd_evaluate(args) -> None:
+    import torch
+
+    from minillm import data, train as training
+    from minillm.tokenizer import BPETokenizer
+
+    model_path, tokenizer_path = _model_paths(args.model, args.tokenizer)
+    model = training.load_model(model_path)
+    tokenizer = BPETokenizer.load(tokenizer_path)
+    _, val_text = data.split_corpus(_corpus(args.corpus))
+    if args.max_chars is not None:
+        val_text = val_text[: args.max_chars]
+    ids = torch.tensor(tokenizer.encode(val_text))
+    loss = training.nats_per_char(model, ids, len(val_text))
+    print(f"{model_path}: {loss:.4f} nats per character on {len(val_text):,d} validation characters")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    from minillm.checkpoint import CheckpointError
+
+    try:
+        {"train": cmd_train, "generate": cmd_generate, "evaluate": cmd_evaluate}[args.command](args)
+    except (CheckpointError, FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

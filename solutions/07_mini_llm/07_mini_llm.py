@@ -1,0 +1,1934 @@
+# %% [markdown]
+# # Chapter 07 · The mini-LLM: assemble, train, sample
+#
+# **Where this sits on the tee:** the back graphic, end to end. Text becomes token ids
+# (chapter 01) and vectors (02) that carry their positions (03); a stack of blocks of
+# attention (04), feed-forward networks (05) and Add & Norm (06) transforms them; and the
+# last stage, *output generation*, turns the final vectors into a probability for every
+# token of the vocabulary and draws the next token. This chapter writes that last stage,
+# puts the parts together into a GPT, trains it on the bundled Shakespeare, and talks to it.
+#
+# **You will be able to**
+# - assemble a decoder-only Transformer from the course's components, switch between the
+#   variants taught so far from one config, and check its size against chapter 00's count;
+# - measure a language model's loss in nats per token and in nats per character, and say
+#   why only the second compares models with different tokenizers;
+# - write the pieces of a modern training loop: AdamW with weight-decay groups, warmup and
+#   cosine decay, gradient clipping, held-out evaluation, and checkpoints that resume
+#   exactly;
+# - turn logits into text with greedy decoding, temperature, top-k and top-p sampling,
+#   reproducibly;
+# - contrast the GPT with a BERT-style masked language model, and say what each sees.
+#
+# **Prerequisites:** chapters 00–06 (the config and parameter count, the BPE tokenizer,
+# embeddings, positions, attention, the feed-forward network and the Transformer block).
+#
+# **Time:** about 50 minutes of reading, 70 minutes of exercises (four coded, two written).
+#
+# **How the exercises work.** Each exercise has an answer cell (replace
+# `raise NotImplementedError()` with your code), a *visible test* that explains what is
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
+# cell after the tests binds a new name to your function if it works, or to the course's
+# reference if it does not, so you can always read on.
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from minillm import course, data
+from minillm.config import count_parameters
+
+device = course.setup(seed=0)
+torch.set_num_threads(1)  # this chapter's models are small: one thread is as fast, and robust on a busy machine
+
+# %% [markdown]
+# ## The model, assembled
+#
+# Every part of the back graphic exists already. What is left is to stack them:
+#
+# $$
+# \begin{aligned}
+# h_0 &= E[\text{ids}] + P[\text{positions}] && \text{token embedding (02) + positions (03)}\\
+# h_\ell &= \operatorname{Block}_\ell(h_{\ell-1}), \quad \ell = 1, \dots, L && \text{attention (04), FFN (05), Add \& Norm (06)}\\
+# \text{logits} &= \operatorname{Norm}(h_L)\, W_{\text{out}}^\top && W_{\text{out}} = E \text{ when tied}
+# \end{aligned}
+# $$
+#
+# The logits have shape `(batch, seq, vocab)`: position $t$ holds a score for every token
+# that could come after `ids[:, t]`. Because the attention is causal, position $t$ sees
+# only tokens $\le t$, so one forward pass makes `seq` next-token predictions at once,
+# each from its own prefix. That is what makes training a GPT efficient.
+#
+# The model is described by a `GPTConfig`: chapter 00's `ModelConfig` (the same fields,
+# meaning the same), plus what building and training need. Its switches select the
+# variants of chapters 02–06:
+#
+# | switch | values | chapter |
+# | --- | --- | --- |
+# | `positions` | `"learned"` (GPT-2), `"sinusoidal"` (2017), `"rope"` (Llama), `"alibi"` | 03 |
+# | `n_kv_heads` | `n_heads` (MHA), fewer (GQA), 1 (MQA) | 04 |
+# | `attention_backend` | `"math"` (written out), `"sdpa"` (PyTorch's fused kernel) | 04 |
+# | `ffn` | `"gelu"`, `"gelu_tanh"` (GPT-2's), `"relu"`, `"swiglu"` (Llama) | 05 |
+# | `norm`, `norm_placement` | `"layernorm"`, `"rmsnorm"`; `"pre"`, `"post"` | 06 |
+# | `tie_embeddings`, `bias`, `dropout`, `scale_embeddings` | GPT-2: tied, biases, 0.1, off | 02, 06 |
+#
+# The model's code is given: it is assembly, and reading it is the exercise. Everything
+# below goes into `minillm/model.py`.
+
+# %%
+#| export minillm/model.py
+"""The mini-LLM: ``GPTConfig`` and ``GPT``, assembled from the earlier chapters (chapter 07).
+
+Token ids (batch, seq) → token embeddings (chapter 02) + positions (chapter 03) → a stack
+of Transformer blocks (attention, chapter 04; feed-forward network, chapter 05; norms
+and residuals, chapter 06) → a final norm → a linear map to one logit per vocabulary
+entry, (batch, seq, vocab). The config's switches select the variants the course taught;
+``count_parameters(config)`` (chapter 00) equals the parameter count of ``GPT(config)``.
+
+Hook for chapter 09: ``forward(ids, kv_cache=cache)`` takes a model-wide cache with a
+``length`` (positions already cached) and ``layer(i)``, the ``KVCacheLike`` of block i.
+"""
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm.attention import KVCacheLike, get_attention_backend
+from minillm.block import TransformerBlock
+from minillm.config import ModelConfig
+from minillm.embedding import TokenEmbedding
+from minillm.ffn import FFN_REGISTRY
+from minillm.norm import build_norm
+from minillm.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, alibi_bias
+
+IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.cross_entropy)
+
+# %% [markdown]
+# `GPTConfig` is a frozen dataclass that *extends* `ModelConfig`: every field of chapter
+# 00 keeps its meaning, so `count_parameters(config)` works on it unchanged, and the new
+# fields have defaults that change nothing about the count.
+
+# %%
+#| export minillm/model.py
+@dataclass(frozen=True)
+class GPTConfig(ModelConfig):
+    """A ``ModelConfig`` (same fields, same meaning) plus what training and building need.
+
+    architecture: "decoder" (causal, a GPT) or "encoder" (bidirectional, BERT-style; for
+    the masked-LM contrast). ffn: a name in the FFN registry ("gelu", "gelu_tanh" (GPT-2's),
+    "relu", "swiglu").
+    dropout: on the embeddings, attention weights and both residual branches while
+    training. attention_backend: a name in the attention-backend registry ("math", "sdpa").
+    eps: the norms' epsilon. scale_embeddings: multiply token embeddings by sqrt(d_model)
+    (the 2017 Transformer; off, as in GPT-2). rope_theta: RoPE's base. init_std: standard
+    deviation of the initial weights (GPT-2's 0.02; residual output projections get
+    init_std / sqrt(2 n_layers)).
+    """
+
+    dropout: float = 0.0
+    attention_backend: str = "math"
+    eps: float = 1e-5
+    scale_embeddings: bool = False
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.architecture not in ("decoder", "encoder"):
+            raise ValueError(f"architecture must be 'decoder' or 'encoder' for a GPT, got {self.architecture!r}")
+        if self.n_token_types or self.pooler:
+            raise ValueError("n_token_types and pooler are BERT's extras; a GPT has neither "
+                             f"(got n_token_types={self.n_token_types}, pooler={self.pooler})")
+        if self.ffn not in FFN_REGISTRY:
+            raise ValueError(f"ffn must be a registered FFN, one of {sorted(FFN_REGISTRY)}, got {self.ffn!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        for name in ("eps", "init_std"):
+            if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a number > 0, got {getattr(self, name)!r}")
+        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
+            raise ValueError(f"rope_theta must be a number > 1, got {self.rope_theta!r}")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim (d_model // n_heads), got {self.head_dim}")
+        if self.positions == "alibi" and self.architecture == "encoder":
+            raise ValueError("ALiBi's bias as built here assumes causal attention: use another "
+                             "positions choice with architecture='encoder'")
+        get_attention_backend(self.attention_backend)
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict (what checkpoints store)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "GPTConfig":
+        """The config ``to_dict`` wrote; ``ValueError`` naming unknown keys."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}")
+        return cls(**values)
+
+# %% [markdown]
+# Now the model. Three details deserve a look before you read it:
+#
+# - **Positions** enter in two ways. Learned and sinusoidal positions are *added* to the
+#   token embeddings; RoPE rotates queries and keys *inside* attention (each block gets
+#   the rotation as `rotary=`), and ALiBi adds a bias to the attention scores (passed to
+#   every block as a float `mask`). Both need the absolute positions of the tokens, which
+#   start after whatever a KV cache already holds.
+# - **Weight tying**: with `tie_embeddings` there is no output matrix; the logits are
+#   `h @ E.T`, `TokenEmbedding.logits` from chapter 02. A token's input vector and its
+#   output vector are the same row.
+# - **Initialization** follows GPT-2: every weight from $\mathcal{N}(0, 0.02^2)$, except
+#   the two projections that write into the residual stream in each block (attention's
+#   `out` and the FFN's `w2`), which get $0.02/\sqrt{2L}$. The residual stream adds $2L$
+#   such contributions; the smaller scale keeps its variance from growing with depth.
+#   With small weights the initial logits are nearly zero, so the untrained model
+#   predicts nearly uniformly: its loss starts at $\ln V$.
+
+# %%
+#| export minillm/model.py
+class ModelCacheLike(Protocol):
+    """What ``GPT.forward(..., kv_cache=...)`` needs from a cache (chapter 09 builds one)."""
+
+    length: int  # positions already cached, read once before a forward pass
+
+    def layer(self, index: int) -> KVCacheLike:
+        """The cache of block ``index``: ``update(k, v)`` appends and returns all keys and values."""
+        ...
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model built from ``minillm``'s components.
+
+    Submodules: ``token_embedding`` (a ``TokenEmbedding``; its weight is the output head
+    when ``tie_embeddings``), ``position_embedding`` (learned or sinusoidal positions;
+    None for RoPE and ALiBi, which act inside attention), ``embedding_norm`` (or None),
+    ``blocks`` (a ModuleList of ``TransformerBlock``), ``final_norm`` (or None) and
+    ``lm_head`` (a bias-free Linear, or None when tied).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.token_embedding = TokenEmbedding(c.vocab_size, c.d_model, scale=c.scale_embeddings, init_std=c.init_std)
+        self.position_embedding = None
+        if c.positions == "learned":
+            self.position_embedding = LearnedPositionalEmbedding(c.context_length, c.d_model, init_std=c.init_std)
+        elif c.positions == "sinusoidal":
+            self.position_embedding = SinusoidalPositionalEncoding(c.d_model)
+        self.rotary = RotaryEmbedding(c.head_dim, theta=c.rope_theta) if c.positions == "rope" else None
+        self.embedding_norm = build_norm(c.norm, c.d_model, eps=c.eps, bias=c.bias) if c.embedding_norm else None
+        self.dropout = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.d_model, c.n_heads, c.d_ff, n_kv_heads=c.n_kv_heads, norm=c.norm,
+                             norm_placement=c.norm_placement, ffn=c.ffn, bias=c.bias, dropout=c.dropout,
+                             attention_backend=c.attention_backend,
+                             rotary=None if self.rotary is None else self.rotary.rotate, eps=c.eps,
+                             causal=c.architecture == "decoder")
+            for _ in range(c.n_layers)
+        )
+        self.final_norm = build_norm(c.norm, c.d_model, eps=c.eps, bias=c.bias) if c.final_norm else None
+        self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialization: weights N(0, init_std²), residual output projections
+        N(0, init_std² / (2 n_layers)), biases 0, norms 1 (their own initialization)."""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                residual = name.endswith(("attn.out", "ffn.w2"))
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if residual else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        nn.init.normal_(self.token_embedding.weight, mean=0.0, std=std)
+        if isinstance(self.position_embedding, LearnedPositionalEmbedding):
+            nn.init.normal_(self.position_embedding.weight, mean=0.0, std=std)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"{c.positions} positions, {c.norm_placement}-{c.norm}, ffn={c.ffn}, "
+                f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {c.architecture}")
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None,
+                kv_cache: ModelCacheLike | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids: (batch, seq) integer token ids. Returns (logits, loss).
+
+        logits: (batch, seq, vocab_size); position t scores the token that follows ids[:, t].
+        loss: None without targets; else the mean cross-entropy (nats per token) of
+        targets (batch, seq), leaving out targets equal to -100.
+        kv_cache: None, or a cache holding the keys and values of the ``kv_cache.length``
+        positions before ids (chapter 09); the new ones are appended.
+        A sequence longer than the context (cached positions included) is a ``ValueError``.
+        """
+        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+        c = self.config
+        seq = ids.shape[1]
+        start = 0 if kv_cache is None else int(kv_cache.length)
+        if start + seq > c.context_length:
+            cached = f" after {start} cached positions" if start else ""
+            raise ValueError(f"ids holds {seq} positions{cached}, more than the context length "
+                             f"{c.context_length}: crop the input to its last {c.context_length - start} tokens")
+        positions = torch.arange(start, start + seq, device=ids.device)
+        x = self.token_embedding(ids)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(positions).to(x.dtype)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        x = self.dropout(x)
+        mask = None
+        if c.positions == "alibi":
+            mask = alibi_bias(c.n_heads, seq, start + seq, device=ids.device).to(x.dtype)
+        for index, block in enumerate(self.blocks):
+            layer_cache = None if kv_cache is None else kv_cache.layer(index)
+            x = block(x, mask=mask, positions=positions, kv_cache=layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        logits = self.token_embedding.logits(x) if self.lm_head is None else self.lm_head(x)
+        if targets is None:
+            return logits, None
+        if not isinstance(targets, torch.Tensor) or targets.shape != ids.shape:
+            raise ValueError(f"targets must be a tensor of ids' shape {tuple(ids.shape)}, "
+                             f"got {getattr(targets, 'shape', type(targets).__name__)}")
+        loss = F.cross_entropy(logits.reshape(-1, c.vocab_size).float(), targets.reshape(-1).long(),
+                               ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+# %% [markdown]
+# Chapter 00 promised that `count_parameters(config)` is the exact size of the model the
+# config describes. Here is the model in the course's default shape, the one `make train`
+# trains: about a million parameters, Llama-style (RoPE, RMSNorm, SwiGLU with the 2/3
+# rule, no biases). Beside it, the same size in GPT-2's style (learned positions,
+# LayerNorm, GELU, biases) and with grouped-query attention:
+
+# %%
+#| stable
+from minillm import model as reference_model
+from minillm import train as reference_train
+
+recipe = reference_train.recipe_config(vocab_size=2048)
+gpt2_style = reference_model.GPTConfig(**{**recipe.to_dict(), "positions": "learned", "norm": "layernorm", "ffn": "gelu",
+                                          "d_ff": 4 * recipe.d_model, "bias": True})
+gqa = reference_model.GPTConfig(**{**recipe.to_dict(), "n_kv_heads": 2, "tie_embeddings": False})
+for name, cfg in (("course default", recipe), ("GPT-2 style", gpt2_style), ("GQA, untied", gqa)):
+    built = reference_model.GPT(cfg)
+    n_built = sum(p.numel() for p in built.parameters())
+    print(f"{name:15s} count_parameters {count_parameters(cfg):>9,d} · built model {n_built:>9,d} · "
+          f"{cfg.positions}, {cfg.norm}, {cfg.ffn}, n_kv_heads {cfg.n_kv_heads}")
+print(reference_model.GPT(recipe).blocks[0])
+
+# %% [markdown]
+# The logits of an untrained model are nearly zero (small weights, tied head), so it
+# predicts nearly uniformly, and each position's prediction depends on its own prefix
+# only. Change the token at position 5 and the logits of positions 0–4 do not move at all:
+
+# %%
+#| stable
+torch.manual_seed(0)
+untrained = reference_model.GPT(recipe).eval()
+ids = torch.randint(0, recipe.vocab_size, (1, 12))
+changed = ids.clone()
+changed[0, 5] = (changed[0, 5] + 1) % recipe.vocab_size
+with torch.no_grad():
+    logits, loss = untrained(ids[:, :-1], ids[:, 1:])
+    moved = (untrained(changed)[0] - untrained(ids)[0]).abs().amax(dim=-1)[0]
+print(f"logits {tuple(logits.shape)}; loss {loss.item():.3f} nats per token; ln V = {math.log(recipe.vocab_size):.3f}")
+print("positions whose logits changed:", (moved > 0).nonzero().flatten().tolist())
+
+# %% [markdown]
+# Where do the million parameters live? In a model this small the vocabulary matters:
+# the embedding table, $V \times d$, is the largest single matrix. (Chapter 00 showed the
+# opposite for GPT-3, where the blocks, growing as $d^2$ per layer, dominate.)
+
+# %%
+def parameter_shares(model) -> dict:
+    shares = {"token embedding (= output head)": model.token_embedding.weight.numel(),
+              "positions": sum(p.numel() for p in model.position_embedding.parameters()) if model.position_embedding else 0,
+              "attention": sum(p.numel() for b in model.blocks for p in b.attn.parameters()),
+              "feed-forward": sum(p.numel() for b in model.blocks for p in b.ffn.parameters()),
+              "norms": sum(p.numel() for n, p in model.named_parameters() if "norm" in n)}
+    return shares
+
+
+shares = {k: v for k, v in parameter_shares(reference_model.GPT(recipe)).items() if v}  # RoPE has no parameters
+fig, ax = plt.subplots(figsize=(7, 2.8))
+ax.barh(list(shares), [v / 1e6 for v in shares.values()], color=["C0", "C1", "C2", "C3", "C4"])
+for i, v in enumerate(shares.values()):
+    ax.text(v / 1e6, i, f" {v:,d} ({v / sum(shares.values()):.0%})", va="center", fontsize=9)
+ax.invert_yaxis()
+ax.set_xlabel("parameters (millions)")
+ax.set_xlim(0, 1.35 * max(shares.values()) / 1e6)
+ax.set_title(f"Where the course model's {sum(shares.values()) / 1e6:.1f}M parameters live")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The four blocks' feed-forward networks hold half the parameters (SwiGLU's three
+# matrices of $d \times 352$, about $8d^2$, per block), attention a quarter ($4d^2$ per
+# block), and the embedding table, $2048 \times 128$, the last quarter. It does double
+# duty: with tied weights it is the output head too. RoPE adds no parameters, and the
+# norms only 128 each.
+
+# %% [markdown]
+# ## The loss, in nats per token and per character
+#
+# A language model assigns a probability to every continuation. Its loss on a text is
+# the **negative log-likelihood** (the cross-entropy) of the tokens that actually follow:
+#
+# $$\mathcal{L} = -\sum_{t} \ln p_\theta(x_{t+1} \mid x_{\le t}),
+# \qquad p_\theta(\cdot \mid x_{\le t}) = \operatorname{softmax}(\text{logits}_t).$$
+#
+# With the natural logarithm the unit is the **nat** ($\ln 2 \approx 0.693$ nats make a
+# bit). A model that spreads its probability evenly over $V$ tokens pays $\ln V$ nats per
+# token: $\ln 2048 \approx 7.62$ for our tokenizer; a model that is certain and right pays 0.
+#
+# Per token, losses of models with different tokenizers cannot be compared: a tokenizer
+# with longer tokens has fewer, harder tokens to predict. Per **character** they can. The
+# summed loss is the negative log-probability of the whole text, whatever the tokenizer cut
+# it into, so dividing it by the number of characters gives a number that depends only on
+# how well the model predicts the text:
+#
+# $$\text{nats per character} = \frac{-\sum_t \ln p_\theta(x_{t+1} \mid x_{\le t})}{\text{number of characters}}.$$
+#
+# A character-level model's nats per token *are* its nats per character; for ours, nats
+# per token divided by the characters per token (about 2.6 on the validation text). The
+# course defines the validation loss this way, on the last 10% of the corpus, which no
+# tokenizer has seen.
+#
+# ### Exercise 1 · The summed negative log-likelihood
+#
+# Implement `summed_nll(logits, targets)`: the sum over positions of
+# $-\ln \operatorname{softmax}(\text{logits})[\text{target}]$, in nats, leaving out
+# positions whose target is `-100` (padding, or tokens a masked language model does not
+# predict). `logits` has shape `(..., vocab)`, `targets` the same shape without the last
+# axis. Use `torch.log_softmax`, which is computed stably (chapter 04's max trick), not
+# `torch.log(torch.softmax(...))`, which turns a very unlikely token's probability into 0
+# and its log into $-\infty$. `F.cross_entropy` is what the tests compare with, so not that.
+#
+# Difficulty ●○○ · Importance ●●● · about 10 minutes
+#
+# <details><summary>Hint 1</summary><code>log_probs = torch.log_softmax(logits, dim=-1)</code> has the logits' shape; you need the entry of each position's target, along the last axis.</details>
+# <details><summary>Hint 2</summary>Keep the positions with <code>keep = targets != -100</code>; <code>log_probs[keep]</code> is <code>(n_kept, vocab)</code> and <code>targets[keep]</code> is <code>(n_kept,)</code>.</details>
+# <details><summary>Hint 3</summary><code>-log_probs[keep].gather(-1, targets[keep][:, None]).sum()</code>. A sum, not a mean: the per-character loss divides the total by characters, not tokens.</details>
+
+# %%
+#| export minillm/train.py
+"""Training the mini-LLM: the loss, AdamW, a learning-rate schedule, batches, checkpoints (chapter 07).
+
+- ``summed_nll``, ``token_nll``, ``nats_per_char``: the held-out loss, per token and per
+  character (the summed loss over the characters of the text, which does not depend on
+  the tokenizer).
+- ``param_groups`` / ``build_optimizer``: AdamW with weight decay on the matrices only.
+- ``lr_schedule`` / ``build_scheduler``: linear warmup, then cosine decay to ``min_lr``.
+- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor.
+- ``train``: the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) with
+  checkpoints that carry the model, optimizer, scheduler, every random generator and the
+  data cursor, so that a resumed run repeats the uninterrupted one exactly.
+- ``DEFAULT_RECIPE``, ``load_pretrained``: the model ``make train`` trains and ships.
+"""
+import math
+from dataclasses import asdict, dataclass, fields
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from minillm import data
+from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.ffn import swiglu_hidden_size
+from minillm.model import GPT, IGNORE_INDEX, GPTConfig
+from minillm.tokenizer import BPETokenizer
+
+# %%
+#| answer summed_nll
+#| export minillm/train.py
+def summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed negative log-likelihood, in nats, of ``targets`` under ``logits``.
+
+    logits: (..., vocab); targets: integer ids of shape logits.shape[:-1]; a target equal
+    to -100 is left out. Returns a 0-dim tensor in the logits' dtype:
+    sum over kept positions of -log softmax(logits)[target] (0 when none is kept).
+    """
+    ### BEGIN SOLUTION
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(logits.shape[:-1])}, got {tuple(targets.shape)}")
+    log_probs = torch.log_softmax(logits, dim=-1)
+    keep = targets != IGNORE_INDEX
+    return -log_probs[keep].gather(-1, targets[keep].long()[:, None]).sum()
+    ### END SOLUTION
+
+# %%
+#| test summed_nll_visible points=1
+def _nll_case():
+    """Two sequences of three positions over a vocabulary of 4; one target is padding (-100)."""
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 3.0, 0.5, -2.0]],
+                           [[-1.0, 0.0, 4.0, 1.0], [0.5, 0.5, 2.5, -0.5], [3.0, -3.0, 0.0, 1.0]]])
+    targets = torch.tensor([[0, 3, 1], [2, 0, -100]])
+    return logits, targets
+
+
+_logits, _targets = _nll_case()
+_expected = F.cross_entropy(_logits.reshape(-1, 4), _targets.reshape(-1), reduction="sum")
+course.expect_close(
+    summed_nll(_logits, _targets), _expected, "summed_nll on a (2, 3, 4) case with one padded target", atol=1e-5,
+    mistakes={
+        "the mean over tokens, not the sum": _expected / 5,
+        "the mean over all 6 positions, padding included": _expected / 6,
+        "the sign: a log-likelihood instead of a negative log-likelihood": -_expected,
+        "bits (log base 2) instead of nats": _expected / math.log(2),
+        "probabilities instead of log-probabilities": -torch.softmax(_logits, -1)[_targets != -100].gather(
+            -1, _targets[_targets != -100][:, None]).sum(),
+    },
+    hint="sum -log_softmax(logits)[target] over the positions whose target is not -100",
+)
+_big = torch.tensor([[0.0, -200.0, 5.0]])  # the target's probability is about e^-205: it underflows in float32
+course.expect_close(summed_nll(_big, torch.tensor([1])), torch.tensor(205.0067), "summed_nll with a very unlikely target",
+                    atol=1e-3, hint="got inf? torch.log(torch.softmax(...)) underflows to log(0); use torch.log_softmax")
+print("summed_nll: visible test passed")
+
+# %%
+#| test summed_nll_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+g = torch.Generator().manual_seed(707)
+for shape, vocab, dtype in [((5,), 9, torch.float64), ((3, 4), 17, torch.float32), ((2, 3, 5), 50, torch.float64),
+                            ((1, 1), 2, torch.float32)]:
+    logits = 4 * torch.randn(*shape, vocab, generator=g, dtype=dtype)
+    targets = torch.randint(0, vocab, shape, generator=g)
+    if targets.numel() > 2:
+        targets.view(-1)[::3] = -100
+    got = summed_nll(logits, targets)
+    expected = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), reduction="sum", ignore_index=-100)
+    course.expect_close(torch.as_tensor(got).to(dtype), expected, f"summed_nll {shape} vocab {vocab} {dtype}",
+                        atol=1e-6, rtol=1e-6)
+# uniform logits: every kept position costs ln V
+logits = torch.zeros(3, 7, 11, dtype=torch.float64)
+targets = torch.randint(0, 11, (3, 7), generator=g)
+targets[0] = -100
+course.expect_close(torch.as_tensor(summed_nll(logits, targets)).double(), torch.tensor(14 * math.log(11), dtype=torch.float64),
+                    "summed_nll of uniform logits", atol=1e-9)
+# shift invariance and huge logits stay finite
+logits = 3 * torch.randn(4, 6, generator=g) + 1e4
+targets = torch.tensor([0, 5, 2, 3])
+got = torch.as_tensor(summed_nll(logits, targets))
+assert torch.isfinite(got), "summed_nll must stay finite for logits near 1e4"
+course.expect_close(got.float(), F.cross_entropy(logits - 1e4, targets, reduction="sum"), "summed_nll near 1e4", atol=1e-2)
+# everything padded: nothing to predict
+course.expect_close(torch.as_tensor(summed_nll(torch.randn(2, 3, generator=g), torch.tensor([-100, -100]))).float(),
+                    torch.tensor(0.0), "summed_nll with every target padded")
+### END HIDDEN TESTS
+
+# %%
+from minillm import train as reference_train
+
+nll_sum = course.keep_going(
+    "summed_nll", summed_nll, reference_train.summed_nll,
+    check=lambda f: course.expect_close(f(*_nll_case()), F.cross_entropy(
+        _nll_case()[0].reshape(-1, 4), _nll_case()[1].reshape(-1), reduction="sum"), "summed_nll", atol=1e-5),
+)
+
+# %% [markdown]
+# The validation text is cut into non-overlapping windows of the context length; each
+# window predicts its next `context` tokens, so every token but the very first is predicted
+# exactly once. (Overlapping windows, sliding one token at a time, would give every
+# prediction a full context and a slightly lower loss, at `context` times the cost.)
+
+# %%
+#| export minillm/train.py
+@torch.no_grad()
+def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, batch_size: int = 32,
+              max_windows: int | None = None) -> tuple[float, int]:
+    """Summed negative log-likelihood (nats) of a 1-D token stream, and how many tokens it covers.
+
+    The stream is cut into non-overlapping windows of ``context`` inputs (default: the
+    model's context length); each window predicts its next ``context`` tokens, so every
+    token but the first is predicted once, from the tokens of its own window.
+    ``max_windows``: use only that many windows, evenly spaced over the stream (a quick
+    estimate). Runs in eval mode.
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or len(ids) < 2:
+        raise ValueError(f"ids must be a 1-D tensor of at least 2 tokens, got {getattr(ids, 'shape', ids)}")
+    context = model.config.context_length if context is None else context
+    device = next(model.parameters()).device
+    starts = list(range(0, len(ids) - 1, context))
+    if max_windows is not None and max_windows < len(starts):
+        picked = torch.linspace(0, len(starts) - 1, max_windows).round().long().unique().tolist()
+        starts = [starts[i] for i in picked]
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i in range(0, len(starts), batch_size):
+            chunk = starts[i: i + batch_size]
+            full = [s for s in chunk if s + context + 1 <= len(ids)]
+            groups = [full] + [[s] for s in chunk if s + context + 1 > len(ids)]  # the short last window alone
+            for group in groups:
+                if not group:
+                    continue
+                width = min(context, len(ids) - 1 - group[0])
+                windows = torch.stack([ids[s: s + width + 1] for s in group]).long().to(device)
+                logits, _ = model(windows[:, :-1])
+                total += summed_nll(logits.float(), windows[:, 1:]).item()
+                count += windows[:, 1:].numel()
+    finally:
+        model.train(was_training)
+    return total, count
+
+
+def nats_per_char(model: nn.Module, ids: torch.Tensor, n_chars: int, **kwargs) -> float:
+    """Summed token NLL of ``ids`` (``token_nll``) divided by ``n_chars``, the length of the
+    text ids encodes: a loss that does not depend on the tokenizer. (A character-level
+    model's nats per token are its nats per character.)"""
+    if isinstance(n_chars, bool) or not isinstance(n_chars, int) or n_chars < 1:
+        raise ValueError(f"n_chars must be a positive int, got {n_chars!r}")
+    total, _ = token_nll(model, ids, **kwargs)
+    return total / n_chars
+
+# %% [markdown]
+# The course ships a model trained by `make train` (next section) with its tokenizer, in
+# the data folder. Here is what the loss looks like before and after training, on the
+# first part of the validation text, measured both ways:
+
+# %%
+#| stable
+trained, tokenizer = reference_train.load_pretrained()
+train_text, val_text = data.split_corpus(data.corpus_text())
+val_slice = val_text[: 20_000]
+val_ids = torch.tensor(tokenizer.encode(val_slice))
+print(f"{len(val_slice):,d} validation characters = {len(val_ids):,d} tokens ({len(val_slice) / len(val_ids):.2f} characters per token)")
+for name, model in (("untrained", reference_model.GPT(trained.config)), ("trained", trained)):
+    total, count = reference_train.token_nll(model, val_ids)
+    print(f"{name:9s}: {total / count:.3f} nats per token · {total / len(val_slice):.3f} nats per character")
+
+# %% [markdown]
+# The untrained model pays about $\ln 2048 = 7.62$ nats per token, as promised. Training
+# brings it to less than half of that. Per character the trained model pays about 1.4
+# nats on this slice (1.47 over the whole validation text): its probability for the true
+# next character is about $e^{-1.47} \approx 0.23$ on average (geometrically), where
+# uniform guessing over the 65 characters of the corpus would give $1/65$. Your
+# `summed_nll` on one window gives the same numbers as the package:
+
+# %%
+#| stable
+with torch.no_grad():
+    window = val_ids[: trained.config.context_length + 1][None]
+    logits, _ = trained(window[:, :-1])
+    mine = nll_sum(logits, window[:, 1:]).item()
+    print(f"one window: {mine:.2f} nats over {window.shape[1] - 1} tokens = {mine / (window.shape[1] - 1):.3f} per token "
+          f"(package: {reference_train.summed_nll(logits, window[:, 1:]).item():.2f})")
+
+# %% [markdown]
+# ## Training
+#
+# Training repeats one step: take a batch of windows from the training text, compute the
+# loss of every next-token prediction in them, backpropagate, update the weights. Four
+# ingredients turn that into a recipe that works:
+#
+# 1. **AdamW** (Loshchilov & Hutter, 2019): Adam's per-parameter step sizes, with
+#    *decoupled* weight decay, which shrinks each weight by a factor $1 - \eta\lambda$ per
+#    step, separately from the gradient step. Decay pulls weights towards zero; it makes
+#    sense for the matrices (linear maps, embeddings), whose size grows the function's
+#    sharpness, and not for biases and the gains of the norms, whose natural values are 0
+#    and 1. So the parameters go into two groups.
+# 2. **A schedule** for the learning rate: a short linear **warmup** (Adam's early moment
+#    estimates are noisy, and large first steps from a random start can wreck the model),
+#    then **cosine decay** to a floor: large steps while the loss falls fast, small steps
+#    at the end to settle into a minimum.
+# 3. **Gradient clipping**: if the gradient's norm over all parameters exceeds 1, scale it
+#    down to 1. Rare bad batches then cannot throw the weights far.
+# 4. **Held-out evaluation**: the loss on text the model never trains on, measured every
+#    so often. The training loss can keep falling while the model memorizes; the
+#    validation loss tells when that starts.
+
+# %%
+#| export minillm/train.py
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: matrices (linear weights, embeddings) decay; vectors
+    (biases, norm scales and shifts) do not. A tied weight appears once."""
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
+                    betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.AdamW:
+    """AdamW over ``param_groups(model, weight_decay)``."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas)
+
+# %%
+#| stable
+groups = reference_train.param_groups(reference_model.GPT(recipe), weight_decay=0.1)
+for group in groups:
+    print(f"weight decay {group['weight_decay']}: {len(group['params'])} tensors, "
+          f"{sum(p.numel() for p in group['params']):,d} parameters")
+
+# %% [markdown]
+# ### Exercise 2 · Warmup, then cosine decay
+#
+# Implement `lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr)`, the learning
+# rate at optimizer step `step` (counted from 0):
+#
+# $$
+# \eta(s) = \begin{cases}
+# \eta_{\max} \, \dfrac{s + 1}{W} & s < W \quad\text{(warmup: the first step already moves)}\\[1.2ex]
+# \eta_{\min} + \tfrac{1}{2}(\eta_{\max} - \eta_{\min})\left(1 + \cos \pi \dfrac{s - W}{T - W}\right) & W \le s \le T\\[1.2ex]
+# \eta_{\min} & s > T
+# \end{cases}
+# $$
+#
+# with $W$ = `warmup_steps` and $T$ = `total_steps`. At $s = W$ the cosine term is
+# $\eta_{\max}$; at $s = T$ it has fallen to $\eta_{\min}$.
+#
+# Difficulty ●○○ · Importance ●●○ · about 10 minutes
+#
+# <details><summary>Hint 1</summary>Three cases, in that order: <code>if step < warmup_steps: ...</code>, <code>if step >= total_steps: return min_lr</code>, then the cosine.</details>
+# <details><summary>Hint 2</summary>The cosine's progress, <code>(step - warmup_steps) / (total_steps - warmup_steps)</code>, runs from 0 to 1 over the decay, not over the whole run.</details>
+# <details><summary>Hint 3</summary>With that progress as <code>p</code>: <code>min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))</code></details>
+
+# %%
+#| answer lr_schedule
+#| export minillm/train.py
+def lr_schedule(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
+    """The learning rate at ``step`` (0-based): linear warmup, then cosine decay.
+
+    step < warmup_steps: max_lr * (step + 1) / warmup_steps, rising to max_lr.
+    warmup_steps <= step <= total_steps: min_lr + (max_lr - min_lr) * (1 + cos(pi * t)) / 2
+    with t = (step - warmup_steps) / (total_steps - warmup_steps), falling from max_lr to
+    min_lr. After total_steps: min_lr.
+    """
+    ### BEGIN SOLUTION
+    for name, value in (("step", step), ("warmup_steps", warmup_steps), ("total_steps", total_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if warmup_steps > total_steps:
+        raise ValueError(f"warmup_steps ({warmup_steps}) must be <= total_steps ({total_steps})")
+    if not 0 <= min_lr <= max_lr:
+        raise ValueError(f"need 0 <= min_lr <= max_lr, got min_lr={min_lr!r}, max_lr={max_lr!r}")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= total_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    ### END SOLUTION
+
+# %%
+#| test lr_schedule_visible points=1
+def _schedule_case():
+    """max_lr 1.0, min_lr 0.1, 4 warmup steps, 12 steps in all; the rates at steps 0..14, by hand."""
+    expected = [0.25, 0.5, 0.75, 1.0, 1.0, 0.965746, 0.868198, 0.722208, 0.55, 0.377792, 0.231802, 0.134254,
+                0.1, 0.1, 0.1]
+    return (1.0, 4, 12, 0.1), expected
+
+
+_args, _expected = _schedule_case()
+_got = [lr_schedule(s, _args[0], _args[1], _args[2], _args[3]) for s in range(15)]
+course.expect_close(
+    torch.tensor(_got, dtype=torch.float64), torch.tensor(_expected, dtype=torch.float64),
+    "lr_schedule at steps 0..14 (max 1.0, min 0.1, warmup 4, total 12)", atol=1e-6,
+    mistakes={
+        "warmup starts at 0: use (step + 1) / warmup_steps, so the first step already moves":
+            torch.tensor([0.0, 0.25, 0.5, 0.75] + _expected[4:], dtype=torch.float64),
+        "the cosine decays to 0 instead of min_lr": torch.tensor(
+            _expected[:4] + [0.5 * (1 + math.cos(math.pi * min(s - 4, 8) / 8)) for s in range(4, 15)], dtype=torch.float64),
+        "the cosine's progress counts from step 0, not from the end of warmup": torch.tensor(
+            _expected[:4] + [0.1 + 0.45 * (1 + math.cos(math.pi * s / 12)) if s <= 12 else 0.1 for s in range(4, 15)],
+            dtype=torch.float64),
+        "a linear decay instead of a cosine": torch.tensor(
+            _expected[:4] + [1.0 - 0.9 * min(s - 4, 8) / 8 for s in range(4, 15)], dtype=torch.float64),
+    },
+    hint="warmup: max_lr * (step + 1) / warmup_steps; then min_lr + (max_lr - min_lr) * (1 + cos(pi t)) / 2",
+)
+print("lr_schedule: visible test passed")
+
+# %%
+#| test lr_schedule_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+def _reference_lr(step, max_lr, warmup, total, min_lr):
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+for max_lr, warmup, total, min_lr in [(3e-4, 100, 5000, 3e-5), (1e-2, 1, 7, 0.0), (0.5, 0, 10, 0.05), (2.0, 9, 10, 1.0)]:
+    steps = sorted({0, max(warmup - 1, 0), warmup, (warmup + total) // 2, total - 1, total, total + 3, 2 * total + 1})
+    got = torch.tensor([float(lr_schedule(s, max_lr, warmup, total, min_lr)) for s in steps], dtype=torch.float64)
+    expected = torch.tensor([_reference_lr(s, max_lr, warmup, total, min_lr) for s in steps], dtype=torch.float64)
+    course.expect_close(got, expected, f"lr_schedule(max_lr={max_lr}, warmup={warmup}, total={total}, min_lr={min_lr}) "
+                        f"at steps {steps}", atol=1e-12, rtol=1e-9)
+# the defining properties: continuous at the end of warmup, halfway at the middle of the decay, monotone decay
+max_lr, warmup, total, min_lr = 6e-4, 20, 220, 6e-5
+assert abs(float(lr_schedule(warmup - 1, max_lr, warmup, total, min_lr)) - max_lr) < 1e-15
+assert abs(float(lr_schedule(120, max_lr, warmup, total, min_lr)) - (max_lr + min_lr) / 2) < 1e-12
+decay = [float(lr_schedule(s, max_lr, warmup, total, min_lr)) for s in range(warmup, total + 5)]
+assert all(a >= b for a, b in zip(decay, decay[1:])), "the learning rate must not rise after warmup"
+### END HIDDEN TESTS
+
+# %%
+schedule = course.keep_going(
+    "lr_schedule", lr_schedule, reference_train.lr_schedule,
+    check=lambda f: course.expect_close(torch.tensor([f(s, 1.0, 4, 12, 0.1) for s in range(15)], dtype=torch.float64),
+                                        torch.tensor(_schedule_case()[1], dtype=torch.float64), "lr_schedule", atol=1e-6),
+)
+
+# %%
+recipe_steps, recipe_lr = reference_train.DEFAULT_RECIPE["steps"], reference_train.DEFAULT_RECIPE["lr"]
+recipe_warmup = reference_train.recipe_train_config().warmup_steps
+steps = range(recipe_steps + 1)
+fig, ax = plt.subplots(figsize=(7, 3.2))
+ax.plot(steps, [schedule(s, recipe_lr, recipe_warmup, recipe_steps, recipe_lr / 10) for s in steps])
+ax.axvline(recipe_warmup, color="0.6", linestyle=":", label=f"end of warmup (step {recipe_warmup})")
+ax.set_xlabel("optimizer step")
+ax.set_ylabel("learning rate")
+ax.set_title("The course's schedule: warmup over 3% of the steps, then cosine decay to a tenth")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The optimizer is handed the schedule as a multiplier of its base rate, through
+# PyTorch's `LambdaLR`, so that the scheduler's state is saved and restored with the rest.
+
+# %%
+#| export minillm/train.py
+def _lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    return lr_schedule(step, 1.0, warmup_steps, total_steps, min_ratio)
+
+
+def build_scheduler(optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
+    """A ``LambdaLR`` that multiplies each group's lr by ``lr_schedule(step, 1, ...)``."""
+    factor = partial(_lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+# %% [markdown]
+# Batches come from a `BatchSampler`. Each epoch cuts the token stream into windows of
+# `context + 1` tokens (inputs, and the same shifted by one as targets) starting at a
+# random offset, and visits them in a random order; the next epoch uses another offset.
+# Everything it will do is fixed by its seed, so its state is a cursor, (epoch, position),
+# which a checkpoint stores in two numbers.
+
+# %%
+#| export minillm/train.py
+class BatchSampler:
+    """Training windows from a 1-D token stream, in a seeded order, resumable.
+
+    Each epoch cuts ``ids`` into windows of ``context + 1`` tokens starting at a random
+    offset below ``context``, shuffles them, and yields batches: x (batch, context) and
+    y = x shifted by one (the next tokens). The cursor (epoch, position) is the whole
+    state: ``state_dict`` / ``load_state_dict`` resume exactly where it stopped.
+    """
+
+    def __init__(self, ids: torch.Tensor, batch_size: int, context: int, seed: int = 0):
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point:
+            raise TypeError(f"ids must be a 1-D integer tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
+        for name, value in (("batch_size", batch_size), ("context", context)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if len(ids) < 2 * context + 1:
+            raise ValueError(f"ids holds {len(ids)} tokens, too few for windows of context {context} "
+                             f"(need at least {2 * context + 1})")
+        self.ids, self.batch_size, self.context, self.seed = ids.long(), batch_size, context, seed
+        self.epoch, self.position = 0, 0
+        self._starts = self._epoch_starts(0)
+
+    def _epoch_starts(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        offset = int(torch.randint(self.context, (1,), generator=generator))
+        starts = torch.arange(offset, len(self.ids) - self.context, self.context + 1)
+        return starts[torch.randperm(len(starts), generator=generator)]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = []
+        while len(rows) < self.batch_size:
+            if self.position == len(self._starts):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._starts = self._epoch_starts(self.epoch)
+            rows.append(self._starts[self.position])
+            self.position += 1
+        windows = torch.stack([self.ids[s: s + self.context + 1] for s in rows])
+        return windows[:, :-1], windows[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
+        self._starts = self._epoch_starts(self.epoch)
+
+# %% [markdown]
+# The rest of the loop is given: the hyper-parameters in a `TrainConfig`, and `train`,
+# which puts the four ingredients together. Its checkpoints hold everything the next
+# step depends on: the weights, AdamW's moment estimates, the scheduler's step, the state
+# of every random generator (dropout draws from torch's), and the sampler's cursor.
+# Restoring all of it makes a resumed run take *exactly* the steps the uninterrupted run
+# would have taken. The files are written to a temporary name and then renamed
+# (`minillm.checkpoint.save_checkpoint`), so a crash while saving leaves the previous
+# checkpoint intact; a missing or corrupt file is a `CheckpointError` naming it.
+
+# %%
+#| export minillm/train.py
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: steps, batch, AdamW, schedule, clipping, evaluation, checkpoints.
+
+    lr decays from ``lr`` to ``lr * min_lr_ratio`` by a cosine after ``warmup_steps``.
+    ``eval_every`` steps (and at the end) the loss is measured on ``eval_windows`` windows
+    of the validation tokens; ``checkpoint_every`` steps a checkpoint is written (when
+    ``train`` has a path).
+    """
+
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_windows: int = 64
+    checkpoint_every: int = 500
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "eval_every", "eval_windows", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"warmup_steps must be an int in [0, steps={self.steps}], got {self.warmup_steps!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}")
+        return cls(**values)
+
+
+def save_model(path, model: GPT, **extra) -> None:
+    """A weights-only checkpoint: {"config", "model"} and any ``extra`` entries (plain data)."""
+    save_checkpoint(path, {"config": model.config.to_dict(), "model": model.state_dict(), **extra})
+
+
+def load_model(path, map_location="cpu") -> GPT:
+    """The ``GPT`` a checkpoint holds (one written by ``save_model`` or ``train``), in eval mode.
+
+    A missing or corrupt file is a ``CheckpointError`` (a ``ValueError``) naming it.
+    """
+    state = load_checkpoint(path, required=("config", "model"), map_location=map_location)
+    model = GPT(GPTConfig.from_dict(state["config"]))
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not fit its own config: {error}") from error
+    return model.eval()
+
+
+def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig = TrainConfig(),
+          checkpoint_path=None, resume: bool = False, stop_after: int | None = None,
+          progress: bool = True, extra: dict | None = None) -> dict:
+    """Train ``model`` on the 1-D token stream ``train_ids``; evaluate on ``val_ids``.
+
+    checkpoint_path: where checkpoints go (every ``config.checkpoint_every`` steps and at
+    the end). resume: load ``checkpoint_path`` first and continue from its step; the
+    result equals an uninterrupted run. stop_after: stop after this many steps in all
+    (as if interrupted; the schedule still spans ``config.steps``). extra: plain data
+    stored in every checkpoint (for example the tokenizer's file name).
+
+    Returns the history: {"train_loss": tensor (steps done,), float32, one per step;
+    "lr": list; "val_step": list; "val_loss": list (nats per token)}, covering the
+    whole run, the steps before a resume included.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a GPT, got {type(model).__name__}")
+    device = next(model.parameters()).device
+    context = model.config.context_length
+    optimizer = build_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
+    sampler = BatchSampler(train_ids, config.batch_size, context, seed=config.seed)
+    history = {"train_loss": [], "lr": [], "val_step": [], "val_loss": []}
+    step = 0
+    if resume:
+        if checkpoint_path is None:
+            raise ValueError("resume=True needs a checkpoint_path")
+        state = load_checkpoint(checkpoint_path, required=("model", "optimizer", "scheduler", "rng", "sampler", "step"),
+                                map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        if state.get("train_config") != asdict(config):
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
+                                  f"{state.get('train_config')} (this run: {asdict(config)})")
+        step = int(state["step"])
+        history = {key: list(value) for key, value in state["history"].items()}
+    last = config.steps if stop_after is None else min(stop_after, config.steps)
+
+    def evaluate_now():
+        total, count = token_nll(model, val_ids, context, config.batch_size, max_windows=config.eval_windows)
+        history["val_step"].append(step)
+        history["val_loss"].append(total / count)
+
+    def checkpoint():
+        save_checkpoint(checkpoint_path, {
+            "format": "minillm training checkpoint", "config": model.config.to_dict(), "train_config": asdict(config),
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": rng_state(), "sampler": sampler.state_dict(), "step": step, "history": history, **(extra or {}),
+        })
+
+    model.train()
+    bar = tqdm(total=last, initial=step, desc="training", disable=not progress)
+    while step < last:
+        x, y = next(sampler)
+        _, loss = model(x.to(device), y.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        history["lr"].append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        history["train_loss"].append(loss.item())  # a float32 value, exactly
+        if step % config.eval_every == 0 or step == config.steps:
+            evaluate_now()
+            model.train()
+        if checkpoint_path is not None and (step % config.checkpoint_every == 0 or step == last):
+            checkpoint()
+        bar.update(1)
+        if step % 10 == 0 or step == last:
+            postfix = {"loss": f"{loss.item():.3f}"}
+            if history["val_loss"]:
+                postfix["val"] = f"{history['val_loss'][-1]:.3f}"
+            bar.set_postfix(postfix)
+    bar.close()
+    model.eval()
+    return {**history, "train_loss": torch.tensor(history["train_loss"], dtype=torch.float32)}
+
+# %% [markdown]
+# The recipe that `make train` (`python -m minillm train`) runs, and the helpers that load
+# what it ships. The model is Llama-style rather than GPT-2-style because it learns
+# faster here: given the same 2 million training tokens, it reached 1.47 nats per
+# character on the validation text, a GPT-2-style model of the same size (learned
+# positions, LayerNorm, GELU; neither had biases) 1.59. (Measured while the course was
+# built; `python -m minillm train --positions learned --norm layernorm --ffn gelu
+# --steps 2000` repeats the second run in spirit.)
+
+# %%
+#| export minillm/train.py
+# The recipe of `make train` / `python -m minillm train`, and the files it ships in data/: a
+# Llama-style model (RoPE, RMSNorm, SwiGLU with the 2/3 rule, no biases, tied embeddings).
+DEFAULT_RECIPE = dict(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0,
+                      positions="rope", norm="rmsnorm", ffn="swiglu", steps=3000, batch_size=8, lr=3e-3)
+PRETRAINED = "minillm-shakespeare.pt"
+_SHAPE = ("context_length", "d_model", "n_layers", "n_heads", "dropout", "positions", "norm", "ffn")
+
+
+def recipe_config(vocab_size: int, **overrides) -> GPTConfig:
+    """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win).
+
+    d_ff follows d_model: 4 d_model for GELU/ReLU, the 2/3 rule for SwiGLU (``swiglu_hidden_size``
+    rounded to a multiple of 32), unless given.
+    """
+    shape = {**{key: DEFAULT_RECIPE[key] for key in _SHAPE}, **overrides}
+    if "d_ff" not in shape:
+        d = shape["d_model"]
+        shape["d_ff"] = swiglu_hidden_size(d, multiple_of=32) if shape["ffn"] == "swiglu" else 4 * d
+    return GPTConfig(**{"name": "minillm-shakespeare", "vocab_size": vocab_size, "bias": False,
+                        "attention_backend": "sdpa", **shape})
+
+
+def recipe_train_config(**overrides) -> TrainConfig:
+    """The default training config (``overrides`` win): warmup over 3% of the steps."""
+    steps = overrides.pop("steps", DEFAULT_RECIPE["steps"])
+    values = dict(steps=steps, batch_size=DEFAULT_RECIPE["batch_size"], lr=DEFAULT_RECIPE["lr"],
+                  warmup_steps=max(1, steps * 3 // 100), eval_every=max(1, steps // 20),
+                  checkpoint_every=max(1, steps // 10))
+    return TrainConfig(**{**values, **overrides})
+
+
+def tokenizer_path_for(model_path) -> Path:
+    """Where the tokenizer of a model file lives: beside it, ``NAME-tokenizer.json``."""
+    model_path = Path(model_path)
+    return model_path.with_name(model_path.stem + "-tokenizer.json")
+
+
+def pretrained_paths() -> tuple[Path, Path]:
+    """The shipped model and its tokenizer, in the course's data folder (``minillm.data``)."""
+    model_path = data.data_dir() / PRETRAINED
+    return model_path, tokenizer_path_for(model_path)
+
+
+def load_pretrained():
+    """The shipped model (eval mode, CPU) and its ``BPETokenizer``: what ``make train`` wrote.
+
+    ``CheckpointError`` naming the file when it is missing or corrupt.
+    """
+    model_path, tokenizer_path = pretrained_paths()
+    model = load_model(model_path)
+    if not tokenizer_path.is_file():
+        raise CheckpointError(f"tokenizer file {str(tokenizer_path)!r} does not exist (run make train)")
+    return model, BPETokenizer.load(tokenizer_path)
+
+
+def plot_history(history: dict, title: str = "Training the mini-LLM"):
+    """The loss curves of a ``train`` history: the training loss per step (a moving
+    average) and the validation loss at each evaluation, in nats per token."""
+    import matplotlib.pyplot as plt
+
+    losses = torch.as_tensor(history["train_loss"], dtype=torch.float32)
+    window = max(1, len(losses) // 50)
+    smooth = losses.unfold(0, window, 1).mean(-1) if len(losses) >= window else losses
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(torch.arange(len(smooth)) + window, smooth, label=f"training (mean of {window} steps)")
+    ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (windows of the held-out 10%)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+# %% [markdown]
+# Here is the loop at work on a small model (two layers, $d = 64$, context 64, the
+# course's Llama-style switches), trained from scratch for 500 steps (40 in quick mode).
+# It uses the package's `train`, so the schedule is the course's reference whatever
+# happened in Exercise 2. The BERT-style section below trains a twin of this model.
+
+# %%
+demo_steps = 40 if course.QUICK else 500
+train_tokens = torch.tensor(tokenizer.encode(train_text[: 150_000] if course.QUICK else train_text))
+small = dict(context_length=64, d_model=64, n_layers=2, n_heads=4, d_ff=176, positions="rope", norm="rmsnorm",
+             ffn="swiglu", bias=False, attention_backend="sdpa")
+torch.manual_seed(0)
+demo = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, **small))  # + 1: see below
+demo_config = reference_train.TrainConfig(steps=demo_steps, batch_size=16, lr=6e-3, warmup_steps=demo_steps // 20,
+                                          eval_every=demo_steps // 4, eval_windows=16)
+started = time.perf_counter()
+demo_history = reference_train.train(demo, train_tokens, val_ids, demo_config)
+print(f"{demo_steps} steps in {time.perf_counter() - started:.1f} s; training loss {demo_history['train_loss'][:10].mean():.2f} "
+      f"→ {demo_history['train_loss'][-10:].mean():.2f} nats per token; validation {demo_history['val_loss'][-1]:.2f}")
+
+# %% [markdown]
+# The shipped model went through the same loop for much longer: `make train` ran the
+# recipe above (its numbers are in `DEFAULT_RECIPE`) in under ten minutes on two CPU cores.
+# Its checkpoint keeps the history of that run:
+
+# %%
+from minillm.checkpoint import load_checkpoint
+
+shipped = load_checkpoint(reference_train.pretrained_paths()[0])
+fig = reference_train.plot_history(shipped, title="make train: the shipped model's loss curves")
+plt.show()
+print(f"validation loss of the shipped model: {shipped['val_nats_per_char']:.3f} nats per character "
+      f"(the whole validation text, {len(val_text):,d} characters)")
+
+# %% [markdown]
+# For the first thousand steps or so the training loss (measured on each batch, before
+# the step) and the validation loss fall together: the steep start is the model learning
+# frequent tokens and short words, the long tail is spelling, names, the shape of verse.
+# Then they part. The training loss drops in steps, one per pass over the training text
+# (about 340 steps of 8 windows each): every pass, the model recognizes a little more of
+# text it has already seen. The validation loss flattens. This is the beginning of
+# **memorization**, and it says what the next improvement is: not more steps of this
+# model on this text, but regularization (dropout, weight decay), more text, or, for a
+# fixed budget, a better shape (chapter 08).
+#
+# ### Resuming exactly
+#
+# A checkpoint that restores everything makes an interrupted run indistinguishable from
+# one that never stopped. The cell trains a tiny model with dropout (so the random
+# generators matter) for 16 steps, then again with an interruption after step 7 and a
+# resume into a freshly built model, and compares the two loss trajectories bit for bit.
+
+# %%
+#| stable
+import tempfile
+from pathlib import Path
+
+tiny = reference_model.GPTConfig(vocab_size=len(tokenizer), context_length=16, d_model=32, n_layers=2, n_heads=2,
+                                  d_ff=64, dropout=0.2)
+tiny_run = reference_train.TrainConfig(steps=16, batch_size=4, warmup_steps=2, eval_every=8, checkpoint_every=4)
+torch.manual_seed(1)
+whole = reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run, progress=False)
+with tempfile.TemporaryDirectory() as folder:
+    checkpoint = Path(folder) / "run.pt"
+    torch.manual_seed(1)
+    reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run, checkpoint_path=checkpoint,
+                          stop_after=7, progress=False)
+    torch.manual_seed(99)  # another initialization, another random state: the checkpoint must restore them
+    resumed = reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run,
+                                    checkpoint_path=checkpoint, resume=True, progress=False)
+print("identical loss trajectories:", torch.equal(whole["train_loss"], resumed["train_loss"]))
+try:
+    reference_train.load_model(Path(folder) / "run.pt")  # the temporary folder is gone
+except ValueError as error:
+    print(f"loading a missing checkpoint: {type(error).__name__}, naming the path: {str(checkpoint) in str(error)}")
+
+# %% [markdown]
+# ## Output generation
+#
+# The last stage of the back graphic. The model's final vectors become logits, one score
+# per vocabulary entry; a softmax turns the scores at the *last* position into the
+# distribution of the next token; a token is chosen, appended, and the model runs again:
+#
+# $$p(x_{t+1} = v \mid x_{\le t}) = \frac{e^{z_v / \tau}}{\sum_{u} e^{z_u / \tau}},
+# \qquad z = \text{logits}_t \in \mathbb{R}^V .$$
+#
+# How to choose is a decision of its own, separate from the model:
+#
+# - **Greedy**: always the most likely token. Deterministic, and prone to loops: a small
+#   model soon finds a phrase whose most likely continuation is itself.
+# - **Sampling** with **temperature** $\tau$: draw from the softmax of $z/\tau$. $\tau < 1$
+#   sharpens the distribution towards greedy ($\tau \to 0$ is greedy), $\tau > 1$ flattens
+#   it towards uniform. Plain sampling at $\tau = 1$ reproduces the model's own
+#   distribution, tail included: among 2,048 tokens the many unlikely ones together get a
+#   real share, and one bad draw derails the text.
+# - **Top-k** (Fan et al., 2018): sample only among the $k$ most likely tokens.
+# - **Top-p**, or *nucleus* sampling (Holtzman et al., 2019): sample among the smallest
+#   set of most likely tokens whose probabilities add up to at least $p$. When the model
+#   is sure, that is one or two tokens; when it hesitates, many.
+#
+# The filters set the logits of the tokens they exclude to $-\infty$, so the softmax gives
+# them probability exactly 0. Everything goes into `minillm/sampling.py`.
+
+# %%
+#| export minillm/sampling.py
+"""Output generation: from the last position's logits to the next token (chapter 07).
+
+Every function takes ``logits`` of shape ``(..., vocab)``, the scores a model gives each
+token of the vocabulary, and works on the last axis. The filters return logits of the
+same shape in which the tokens they rule out are ``-inf``, so that a softmax gives them
+probability 0. ``sample_next`` chains them in the order Hugging Face's ``generate`` uses:
+temperature, then top-k, then top-p, then one draw per row. Drawing with a seeded
+``torch.Generator`` (or after ``torch.manual_seed``) makes samples reproducible.
+"""
+import torch
+
+
+def _check_logits(logits) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating tensor, got dtype {logits.dtype}")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have shape (..., vocab) with vocab >= 1, got {tuple(logits.shape)}")
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely token of each row: logits (..., vocab) → ids (...,), int64.
+
+    Ties go to the smallest id (``torch.argmax``'s rule).
+    """
+    _check_logits(logits)
+    return logits.argmax(dim=-1)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature, shape (..., vocab). Below 1 sharpens the distribution, above 1 flattens it.
+
+    temperature must be > 0; the limit 0 is greedy decoding, which ``sample_next`` handles.
+    """
+    _check_logits(logits)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+    return logits / temperature
+
+# %% [markdown]
+# What the trained model expects after a prompt, and what temperature does to it:
+
+# %%
+from minillm import sampling as reference_sampling
+
+prompt = "ROMEO:\nI will"
+prompt_ids = torch.tensor([tokenizer.encode(prompt)])
+with torch.no_grad():
+    next_logits = trained(prompt_ids)[0][0, -1]
+top = torch.topk(next_logits, 12).indices
+labels = [repr(tokenizer.decode([i]))[1:-1] for i in top.tolist()]
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), sharey=True)
+for ax, tau in zip(axes, (0.5, 1.0, 2.0)):
+    probs = torch.softmax(reference_sampling.apply_temperature(next_logits, tau), dim=-1)
+    ax.bar(range(12), probs[top], color="C0")
+    ax.set_xticks(range(12), labels, rotation=70, fontsize=8)
+    ax.set_title(f"temperature {tau}: top 12 hold {probs[top].sum():.0%}")
+axes[0].set_ylabel("probability of the next token")
+fig.suptitle(f"The trained model's next token after {prompt!r}")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# At temperature 0.5 the first few candidates take nearly everything; at 2 the top twelve
+# hold only a small part and the rest is spread over two thousand mostly absurd tokens.
+# Temperature changes how much of the tail is sampled, but never cuts it off; the filters
+# do.
+#
+# ### Exercise 3 · The top-k filter
+#
+# Implement `top_k_filter(logits, k)`: keep the `k` largest logits of each row (the last
+# axis) unchanged and set all others to `-inf`. If several logits equal the $k$-th largest,
+# keep them all (so a tie can keep more than $k$). `k` at least the vocabulary size keeps
+# everything. Work on any number of leading dimensions.
+#
+# Difficulty ●○○ · Importance ●●○ · about 10 minutes
+#
+# <details><summary>Hint 1</summary><code>torch.topk(logits, k, dim=-1).values</code> holds the <code>k</code> largest values of each row, largest first.</details>
+# <details><summary>Hint 2</summary>The threshold is the smallest of them, <code>values[..., -1:]</code> (keep the last axis, so that it broadcasts against <code>logits</code>).</details>
+# <details><summary>Hint 3</summary><code>logits.masked_fill(logits < threshold, float("-inf"))</code>; return <code>logits</code> unchanged when <code>k >= logits.shape[-1]</code> (<code>torch.topk</code> would fail).</details>
+
+# %%
+#| answer top_k_filter
+#| export minillm/sampling.py
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row, set the others to -inf: (..., vocab) → (..., vocab).
+
+    A logit equal to the k-th largest is kept too, so a tie at the boundary can keep more
+    than k tokens. k >= vocab keeps everything. k must be a positive int.
+    """
+    ### BEGIN SOLUTION
+    _check_logits(logits)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if k >= logits.shape[-1]:
+        return logits
+    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+    ### END SOLUTION
+
+# %%
+#| test top_k_filter_visible points=1
+def _top_k_case():
+    """Two rows of five logits, no ties, and k = 2."""
+    return torch.tensor([[1.0, 3.0, -0.5, 2.0, 0.0], [0.2, -1.0, 0.7, 0.1, 1.5]]), 2
+
+
+_logits, _k = _top_k_case()
+_inf = float("-inf")
+_expected = torch.tensor([[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5]])
+_smallest = _logits.masked_fill(_logits > torch.topk(_logits, 2, largest=False).values[..., -1:], _inf)
+course.expect_close(
+    top_k_filter(_logits, _k), _expected, "top_k_filter(logits, k=2)",
+    mistakes={
+        "kept the k smallest logits instead of the k largest": _smallest,
+        "kept k + 1 tokens (off by one)": _logits.masked_fill(_logits < torch.topk(_logits, 3).values[..., -1:], _inf),
+        "the removed logits are 0, not -inf (a softmax still gives them probability)": _expected.masked_fill(
+            _expected == _inf, 0.0),
+        "returned probabilities, not logits": torch.softmax(_expected, dim=-1),
+        "only the single largest logit kept": _logits.masked_fill(_logits < _logits.amax(-1, keepdim=True), _inf),
+    },
+    hint="the k-th largest value of each row is torch.topk(logits, k).values[..., -1:]; mask what lies below it",
+)
+course.expect_close(top_k_filter(_logits, 5), _logits, "top_k_filter with k equal to the vocabulary size")
+print("top_k_filter: visible test passed")
+
+# %%
+#| test top_k_filter_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+g = torch.Generator().manual_seed(3071)
+for shape, k, dtype in [((4, 13), 3, torch.float32), ((2, 3, 29), 7, torch.float64), ((1, 6), 1, torch.float32),
+                        ((5, 8), 8, torch.float64), ((3, 4), 100, torch.float32)]:
+    logits = 3 * torch.randn(*shape, generator=g, dtype=dtype)
+    got = top_k_filter(logits, k)
+    kth = torch.topk(logits, min(k, shape[-1]), dim=-1).values[..., -1:]
+    expected = logits.masked_fill(logits < kth, float("-inf"))
+    assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_k_filter must keep the shape {shape}"
+    assert torch.equal(torch.isinf(got), torch.isinf(expected)), f"top_k_filter {shape} k={k}: wrong tokens kept"
+    assert torch.equal(got[~torch.isinf(got)], logits[~torch.isinf(expected)]), "kept logits must be unchanged"
+    assert bool((torch.isfinite(got).sum(-1) == min(k, shape[-1])).all()), "without ties exactly k tokens are kept"
+# k = 1 keeps the argmax alone
+logits = torch.randn(6, 40, generator=g)
+assert torch.equal(torch.isfinite(top_k_filter(logits, 1)), torch.nn.functional.one_hot(logits.argmax(-1), 40).bool())
+# ties at the boundary are kept
+tied = torch.tensor([[0.5, 2.0, 0.5, -1.0, 0.5]])
+assert torch.isfinite(top_k_filter(tied, 2)).tolist() == [[True, True, True, False, True]], "ties with the k-th are kept"
+### END HIDDEN TESTS
+
+# %%
+top_k = course.keep_going(
+    "top_k_filter", top_k_filter, reference_sampling.top_k_filter,
+    check=lambda f: course.expect_close(f(*_top_k_case()), torch.tensor(
+        [[float("-inf"), 3.0, float("-inf"), 2.0, float("-inf")], [float("-inf"), float("-inf"), 0.7, float("-inf"), 1.5]]),
+        "top_k_filter"),
+)
+
+# %% [markdown]
+# ### Exercise 4 · The top-p (nucleus) filter
+#
+# Implement `top_p_filter(logits, p)`. Sort each row's probabilities
+# ($\operatorname{softmax}$ of the logits) in decreasing order and keep a token when the
+# tokens *before* it in that order hold less than $p$:
+#
+# $$\text{keep } x_{(i)} \iff \sum_{j < i} P(x_{(j)}) < p .$$
+#
+# That keeps the smallest prefix whose mass reaches $p$ (the token that crosses $p$ is
+# kept; the next is not), and always the most likely token. Set the others to `-inf`, in
+# the original (unsorted) positions. `p = 1` keeps everything.
+#
+# Difficulty ●●○ · Importance ●●● · about 20 minutes
+#
+# <details><summary>Hint 1</summary><code>sorted_logits, order = torch.sort(logits, dim=-1, descending=True)</code>; the probabilities of the sorted row are <code>torch.softmax(sorted_logits, dim=-1)</code>.</details>
+# <details><summary>Hint 2</summary>The mass before token <i>i</i> is <code>probs.cumsum(dim=-1) - probs</code>; the sorted token is removed when that is <code>>= p</code>.</details>
+# <details><summary>Hint 3</summary>Map the decision back to the original positions: <code>remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)</code>, then <code>logits.masked_fill(remove, float("-inf"))</code>.</details>
+
+# %%
+#| answer top_p_filter
+#| export minillm/sampling.py
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter (Holtzman et al., 2019): keep the smallest set of most likely tokens
+    whose probabilities sum to at least p; set the others to -inf. (..., vocab) → (..., vocab).
+
+    Tokens are taken in order of decreasing probability; a token is kept when the tokens
+    before it hold less than p. The most likely token is always kept. p must be in (0, 1];
+    p = 1 keeps everything.
+    """
+    ### BEGIN SOLUTION
+    _check_logits(logits)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be a number in (0, 1], got {p!r}")
+    if p == 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove_sorted = mass_before >= p
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+    ### END SOLUTION
+
+# %%
+#| test top_p_filter_visible points=1
+def _top_p_case():
+    """Two rows whose probabilities are exact: [0.05, 0.5, 0.15, 0.3] and [0.4, 0.1, 0.15, 0.35]."""
+    return torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.4, 0.1, 0.15, 0.35]]))
+
+
+_logits = _top_p_case()
+_inf = float("-inf")
+_keep = lambda rows: _logits.masked_fill(~torch.tensor(rows), _inf)  # noqa: E731
+course.expect_close(
+    top_p_filter(_logits, 0.7), _keep([[False, True, False, True], [True, False, False, True]]), "top_p_filter(p=0.7)",
+    atol=1e-6,
+    mistakes={
+        "the token that crosses p was dropped (keep a token when the mass BEFORE it is below p)":
+            _keep([[False, True, False, False], [True, False, False, False]]),
+        "nothing was removed: sorted in increasing order, or compared the wrong quantity with p?": _logits,
+        "the result is in sorted order: scatter the decision back to the original positions": torch.sort(
+            _logits, descending=True).values.masked_fill(torch.tensor([[False, False, True, True]] * 2), _inf),
+        "the removed logits are 0, not -inf": _logits.masked_fill(torch.tensor([[True, False, True, False],
+                                                                                [False, True, True, False]]), 0.0),
+    },
+    hint="sort descending, mass_before = cumsum - probs, remove where mass_before >= p, scatter back",
+)
+course.expect_close(top_p_filter(_logits, 0.85), _keep([[False, True, True, True], [True, False, True, True]]),
+                    "top_p_filter(p=0.85)", atol=1e-6)
+course.expect_close(top_p_filter(_logits, 1e-3), _keep([[False, True, False, False], [True, False, False, False]]),
+                    "top_p_filter with a tiny p: only the most likely token", atol=1e-6)
+print("top_p_filter: visible test passed")
+
+# %%
+#| test top_p_filter_hidden points=2
+# Hidden tests: they run when your notebook is graded.
+### BEGIN HIDDEN TESTS
+def _naive_nucleus(row, p):
+    probs = torch.softmax(row.double(), -1).tolist()
+    keep, mass = [False] * len(probs), 0.0
+    for i in sorted(range(len(probs)), key=lambda i: -probs[i]):
+        if mass >= p:
+            break
+        keep[i], mass = True, mass + probs[i]
+    return keep
+
+
+g = torch.Generator().manual_seed(9090)
+for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.float64), ((3, 9), 0.2, torch.float64),
+                        ((4, 50), 0.97, torch.float32)]:
+    logits = 2.5 * torch.randn(*shape, generator=g, dtype=dtype)
+    got = top_p_filter(logits, p)
+    assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_p_filter must keep the shape {shape}"
+    for row, out in zip(logits.reshape(-1, shape[-1]), got.reshape(-1, shape[-1])):
+        kept = torch.isfinite(out)
+        assert kept.tolist() == _naive_nucleus(row, p), f"top_p_filter {shape} p={p}: wrong tokens kept"
+        assert torch.equal(out[kept], row[kept]), "kept logits must be unchanged"
+        probs = torch.softmax(row.double(), -1)
+        assert probs[kept].sum() >= p - 1e-9 and probs[kept].sum() - probs[kept].min() < p, "not the smallest nucleus"
+# p = 1 keeps everything; the most likely token survives any p
+logits = torch.randn(5, 12, generator=g)
+assert torch.equal(top_p_filter(logits, 1.0), logits)
+assert torch.equal(torch.isfinite(top_p_filter(logits, 1e-6)), torch.nn.functional.one_hot(logits.argmax(-1), 12).bool())
+# a confident row keeps one token, a flat row keeps many
+rows = torch.tensor([[10.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.1, 0.0, 0.05, 0.0, 0.1, 0.02]])
+assert torch.isfinite(top_p_filter(rows, 0.9)).sum(-1).tolist() == [1, 6]
+### END HIDDEN TESTS
+
+# %%
+top_p = course.keep_going(
+    "top_p_filter", top_p_filter, reference_sampling.top_p_filter,
+    check=lambda f: course.expect_close(f(_top_p_case(), 0.7), _top_p_case().masked_fill(
+        ~torch.tensor([[False, True, False, True], [True, False, False, True]]), float("-inf")), "top_p_filter", atol=1e-6),
+)
+
+# %% [markdown]
+# `sample_next` chains the pieces: check the arguments, treat temperature 0 as greedy,
+# divide by the temperature, filter, draw one token per row with `torch.multinomial`.
+# The draw uses a `torch.Generator` when one is given: the same seed, the same text.
+
+# %%
+#| export minillm/sampling.py
+def check_sampling_arguments(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
+    """``ValueError`` naming the argument unless temperature >= 0, top_k is None or a
+    positive int, and top_p is None or in (0, 1]."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw the next token of each row: logits (batch, vocab) → ids (batch,), int64.
+
+    temperature 0 is greedy decoding (no filter changes the most likely token). Otherwise
+    the logits are divided by the temperature, filtered by top-k and then top-p when
+    given, and one token is drawn from their softmax with ``generator`` (default: torch's
+    global generator).
+    """
+    _check_logits(logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape (batch, vocab), got {tuple(logits.shape)}")
+    check_sampling_arguments(temperature, top_k, top_p)
+    if temperature == 0:
+        return greedy(logits)
+    logits = apply_temperature(logits, temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+# %% [markdown]
+# Top-k keeps a fixed number of candidates; top-p keeps as many as the model's confidence
+# calls for. Over a stretch of the validation text, here is how many tokens a nucleus of
+# $p = 0.9$ holds at each position, next to a fixed $k = 40$:
+
+# %%
+with torch.no_grad():
+    window = val_ids[200: 200 + trained.config.context_length][None]
+    step_logits = trained(window)[0][0]
+nucleus = torch.isfinite(top_p(step_logits, 0.9)).sum(-1)
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ax.plot(nucleus, drawstyle="steps-mid", label="top-p 0.9: tokens kept")
+ax.axhline(40, color="C1", linestyle="--", label="top-k 40")
+ax.set_yscale("log")
+ax.set_xlabel("position in a validation window")
+ax.set_ylabel("candidate tokens (log scale)")
+ax.set_title("The nucleus shrinks where the model is sure and grows where it is not")
+ax.legend()
+plt.tight_layout()
+plt.show()
+print(f"nucleus size: median {int(nucleus.median())}, smallest {int(nucleus.min())}, largest {int(nucleus.max())}")
+
+# %% [markdown]
+# Inside a word the next piece is nearly certain and the nucleus is a token or two: a
+# fixed $k = 40$ would let 38 wrong spellings compete there. After a line break or at the
+# start of a sentence the model hesitates between hundreds of plausible tokens, and a
+# fixed $k$ would cut off good candidates. Top-p adapts; that is why it is the default in
+# most generation settings (often together with a temperature slightly below 1).
+#
+# ## Generating text
+#
+# `generate` repeats the step: run the model on the context, sample from the last
+# position's logits, append. The context is cropped to its last `context_length` tokens,
+# so generation can run past the model's window, forgetting the oldest tokens. Each step
+# reruns the whole context; chapter 09's KV cache removes that repetition, and
+# `generate(..., kv_cache=...)` is ready for it: the prompt goes through once, then one
+# token per step.
+
+# %%
+#| export minillm/generate.py
+"""Autoregressive generation: run the model, sample a token, append it, repeat (chapter 07).
+
+Without a cache, every step runs the model on the whole context again (its last
+``context_length`` tokens) and uses only the last position's logits. With a KV cache
+(chapter 09) the prompt is run once and then each new token alone, its keys and values
+appended to the cache; both ways give the same tokens.
+"""
+import torch
+from tqdm.auto import tqdm
+
+from minillm.sampling import check_sampling_arguments, sample_next
+
+
+def _check_ids(ids) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+
+
+@torch.no_grad()
+def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, kv_cache=None, generator: torch.Generator | None = None,
+             progress: bool = False) -> torch.Tensor:
+    """Extend ``ids`` (batch, seq) by ``max_new_tokens`` sampled tokens: → (batch, seq + max_new_tokens).
+
+    model: ``forward(ids)`` returns ``(logits (batch, seq, vocab), loss)``, and
+    ``model.config.context_length`` is its context. temperature, top_k, top_p: as in
+    ``minillm.sampling.sample_next`` (temperature 0 is greedy). kv_cache: None (recompute
+    the context every step) or an empty cache accepted by ``model.forward(ids,
+    kv_cache=...)`` (chapter 09); with a cache, prompt plus new tokens must fit in the
+    context. generator: a seeded ``torch.Generator`` makes the draws reproducible.
+    The model runs in eval mode (no dropout) and is put back in its previous mode.
+    """
+    _check_ids(ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+    check_sampling_arguments(temperature, top_k, top_p)
+    context = model.config.context_length
+    if kv_cache is not None:
+        if int(kv_cache.length) != 0:
+            raise ValueError(f"kv_cache must be empty, it holds {int(kv_cache.length)} positions")
+        if ids.shape[1] + max_new_tokens - 1 > context:
+            raise ValueError(f"with a kv_cache the context cannot slide: the prompt ({ids.shape[1]} tokens) "
+                             f"plus max_new_tokens ({max_new_tokens}) minus 1 must be <= the context ({context})")
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    was_training = model.training
+    model.eval()
+    try:
+        out = ids
+        logits = None
+        for step in tqdm(range(max_new_tokens), desc="generating", disable=not progress):
+            if kv_cache is None:
+                logits, _ = model(out[:, -context:])
+            elif step == 0:
+                logits, _ = model(out, kv_cache=kv_cache)
+            else:
+                logits, _ = model(out[:, -1:], kv_cache=kv_cache)
+            next_ids = sample_next(logits[:, -1], **sample)
+            out = torch.cat([out, next_ids[:, None].to(out.dtype)], dim=1)
+        return out
+    finally:
+        model.train(was_training)
+
+
+def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:
+    """The prompt followed by ``max_new_tokens`` sampled tokens, decoded to text.
+
+    tokenizer: ``encode(str) -> list[int]`` and ``decode(ids) -> str`` (a ``BPETokenizer``).
+    kwargs: as ``generate``. The model's device is used for the ids.
+    """
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty str, got {prompt!r}")
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
+    return tokenizer.decode(generate(model, ids, max_new_tokens, **kwargs)[0].tolist())
+
+# %% [markdown]
+# The trained model, prompted with the tee's favourite opening, three ways. Greedy
+# decoding, then sampling at temperature 0.8 with top-p 0.95 (the defaults of
+# `python -m minillm generate`), then plain sampling at temperature 1.5:
+
+# %%
+from minillm import generate as reference_generate
+
+for label, settings in (("greedy", dict(temperature=0)), ("temperature 0.8, top-p 0.95", dict(temperature=0.8, top_p=0.95)),
+                        ("temperature 1.5", dict(temperature=1.5))):
+    text = reference_generate.generate_text(trained, tokenizer, "ROMEO:", 80,
+                                            generator=torch.Generator().manual_seed(7), **settings)
+    print(f"--- {label} ---\n{text}\n")
+
+# %% [markdown]
+# Greedy decoding settles into a loop within a few lines ("a bawd, a bawd, a bawd"), and
+# it will never leave it: the same context always gives the same most likely token.
+# Temperature 0.8 with a nucleus reads like Shakespeare at a distance: speaker names in
+# capitals, verse-length lines, archaic words, grammar that holds for a few words at a
+# time. At 1.5 the tail takes over and the words dissolve. (Rerun with another seed: the
+# sampled texts change, the greedy one does not.)
+#
+# One question to think about (graded by your instructor):
+
+# %% [markdown]
+# #| written why_not_greedy points=2
+# **Question.** The model is trained to maximize the probability of the true next token.
+# Why, then, is always choosing the most probable token (greedy decoding) a poor way to
+# generate text from it? And why does a nucleus (top-p) cut the tail better than a fixed
+# top-k? Answer in four to six sentences.
+#
+# ### BEGIN SOLUTION
+# *Model answer.* Training makes each next-token distribution match the data's; a text
+# made of the most probable token at every step is not a typical text, because the
+# probability of a whole sequence is a product, and the sequence of locally best choices
+# neither maximizes it nor looks like real text: it is bland and, since the same context
+# always gives the same choice, it falls into loops it cannot leave (as the greedy sample
+# shows). Sampling reproduces the model's distribution, but the long tail of thousands of
+# individually unlikely tokens together holds real mass, and one draw from it derails the
+# continuation; truncating the tail removes those draws. A fixed $k$ ignores the shape of
+# the distribution: where the model is confident (inside a word) $k$ tokens let wrong
+# candidates in, and where it is uncertain (after a line break) it cuts off good ones.
+# Top-p keeps a fixed share of the probability mass, so the number of candidates follows
+# the model's confidence: one or two tokens in one place, hundreds in another.
+#
+# *Grading:* 1 point for why greedy fails (local choices are not typical text; repetition
+# loops because decoding is deterministic); 1 point for the adaptive-candidate-set
+# argument for top-p against top-k.
+# ### END SOLUTION
+
+# %% [markdown]
+# ## A BERT-style contrast
+#
+# The tee's left sleeve draws an *encoder* layer: attention without a causal mask, so
+# every token sees every other, on both sides. BERT (Devlin et al., 2018) stacks such
+# layers and trains them as a **masked language model**: hide about 15% of the tokens
+# behind a `[MASK]` token and predict each hidden token from everything around it. Our
+# `GPT` becomes that model with one switch, `architecture="encoder"` (the blocks drop the
+# causal mask), and one extra vocabulary entry for `[MASK]`; the loss counts only the
+# hidden positions (the others get the target `-100`, which `summed_nll` and
+# `F.cross_entropy` leave out).
+#
+# The encoder below is a twin of the small GPT trained in the Training section: the same
+# shape and switches, the same batches in the same order, the same number of steps, the
+# same optimizer and schedule. (That GPT got the extra vocabulary entry too, unused, so
+# the two have exactly the same parameters.) Only the attention mask and the task differ.
+
+# %%
+mask_id = len(tokenizer)  # the extra vocabulary entry: [MASK]
+
+
+def mask_tokens(ids: torch.Tensor, fraction: float, generator: torch.Generator):
+    """BERT's corruption, simplified: each token is hidden with probability ``fraction``.
+
+    Returns (inputs, targets): inputs with the hidden tokens replaced by ``mask_id``, and
+    targets holding the hidden tokens' ids and -100 everywhere else.
+    """
+    hidden = torch.rand(ids.shape, generator=generator) < fraction
+    return ids.masked_fill(hidden, mask_id), ids.masked_fill(~hidden, -100)
+
+
+torch.manual_seed(0)
+encoder = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, architecture="encoder", **small))
+optimizer = reference_train.build_optimizer(encoder, demo_config.lr)
+scheduler = reference_train.build_scheduler(optimizer, demo_config.warmup_steps, demo_config.steps)
+sampler = reference_train.BatchSampler(train_tokens, demo_config.batch_size, 64, seed=demo_config.seed)  # the GPT's batches
+masking = torch.Generator().manual_seed(2)
+for step in tqdm(range(demo_config.steps), desc="masked LM"):
+    x, _ = next(sampler)
+    _, loss = encoder(*mask_tokens(x, 0.15, masking))
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(encoder.parameters(), demo_config.grad_clip)
+    optimizer.step()
+    scheduler.step()
+
+# %% [markdown]
+# Now both predict the same hidden tokens of the validation text: every eighth position
+# of 100 windows. The encoder gets each window with that one token masked (both sides
+# visible), and again with the token *and everything after it* masked (left side only);
+# the GPT predicts it from the tokens before it, as always.
+
+# %%
+encoder.eval()
+windows = val_ids[: 64 * 100].reshape(100, 64)
+results = {"encoder, both sides visible": 0.0, "encoder, left side only": 0.0, "GPT (left side, always)": 0.0}
+hidden_positions = range(8, 64, 8)
+with torch.no_grad():
+    gpt_logits = demo.eval()(windows)[0]
+    for position in hidden_positions:
+        target = windows[:, position]
+        both, left = windows.clone(), windows.clone()
+        both[:, position] = mask_id
+        left[:, position:] = mask_id
+        results["encoder, both sides visible"] += F.cross_entropy(encoder(both)[0][:, position], target).item()
+        results["encoder, left side only"] += F.cross_entropy(encoder(left)[0][:, position], target).item()
+        results["GPT (left side, always)"] += F.cross_entropy(gpt_logits[:, position - 1], target).item()
+print(f"loss on {100 * len(hidden_positions)} hidden validation tokens, after {demo_config.steps} training steps each:")
+for name, total in results.items():
+    print(f"  {name:28s} {total / len(hidden_positions):.2f} nats per token")
+
+# %% [markdown]
+# (Full mode; after the 40 steps of quick mode neither model has learned much.) Two
+# things show. The encoder predicts a hidden token better when it can see what follows:
+# it has learned to use the right side, which a GPT never sees. And yet the GPT, trained
+# for as many steps on the same batches, predicts better from the left side alone than
+# the encoder does from both: every position of every window was a training target for
+# the GPT, but only the 15% the encoder hid were targets for it. Masked language models
+# need much more training for the same quality (the ELECTRA paper, 2020, makes this its
+# starting point), and what they are good at is *representing* a given text, not
+# continuing it.
+#
+# What each model looks at, in its first layer (the attention weights of head 1 on one
+# validation window):
+
+# %%
+with torch.no_grad():
+    ids = windows[:1, :24]
+    maps = [model.blocks[0].attn.attention_weights(model.blocks[0].norm1(model.token_embedding(ids)))[0, 0]
+            for model in (demo, encoder)]
+fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+for ax, weights, title in zip(axes, maps, ("GPT (causal): only the past", "encoder (BERT-style): both sides")):
+    ax.imshow(weights, cmap="Blues")
+    ax.set_title(title)
+    ax.set_xlabel("key position (the token looked at)")
+axes[0].set_ylabel("query position (the token looking)")
+fig.suptitle("First-layer attention of the two models on the same 24 tokens")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The GPT's map is lower-triangular (this head looks mostly at the token itself; others
+# look further back): a token never looks ahead, which is what lets one forward pass
+# train every position at once, and what lets it generate. The encoder's head looks
+# ahead as readily as back: its map has weight on both sides of the diagonal. That is why BERT-style models are the workhorses for understanding a given
+# text (classification, retrieval, tagging), and GPT-style models for producing text.
+
+# %% [markdown]
+# #| written encoder_cannot_generate points=2
+# **Question.** The encoder sees both sides of a hidden token, and uses them. Why can you
+# not simply use it to generate text left to right, one token at a time, the way
+# `generate` uses the GPT? Name what goes wrong, and what a GPT's training gets from its
+# causal mask that the masked model's training does not (the measurement above is a
+# hint). Answer in three to five sentences.
+#
+# ### BEGIN SOLUTION
+# *Model answer.* The encoder was trained to fill a hidden token *given both sides*; when
+# generating, the right side does not exist yet, so every step would present it with an
+# input it never saw in training (a prefix followed by masks, or nothing), and its
+# predictions there are not a proper left-to-right distribution: there is no factorization
+# $p(x) = \prod_t p(x_t \mid x_{<t})$ to sample from. It would also have to rerun
+# everything each step, because a new token changes the representation of every earlier
+# one (no cache is possible). The GPT's causal mask makes each position's prediction
+# depend only on its prefix, which is exactly the conditional that generation needs, and
+# it lets one forward pass train all positions of a window at once (every token is a
+# target), where the masked model learns from only the 15% it hid.
+#
+# *Grading:* 1 point for the mismatch between training (both sides visible) and
+# generation (no right context; no valid left-to-right factorization); 1 point for what
+# the causal mask buys (the prefix conditional, every position a training target at once,
+# as the measurement shows, or cacheable keys and values).
+# ### END SOLUTION
+
+# %% [markdown]
+# ## Tee check
+#
+# > **The shirt:** the back graphic ends in *output generation*: a linear projection to
+# > logits, a softmax, and the next token, drawn as one more stage of the same pipeline.
+#
+# **What is right:** that is the model's last step: `Norm(h) @ E.T` gives the logits, a
+# softmax gives the distribution, and a sampler picks the token, exactly the functions of
+# this chapter.
+#
+# **What is loose:**
+# - *One* stage, run once? During training the pipeline runs once per window and scores
+#   every position at once. Generation runs the whole pipeline once **per token**, each time
+#   on a longer context: it is sequential in a way training is not.
+# - *Softmax → token* hides a choice the shirt does not show: greedy, temperature, top-k,
+#   top-p. The same trained model writes loops or Shakespeare-like verse depending only
+#   on that choice (the samples above), and greedy decoding needs no softmax at all.
+#
+# Measured on the shipped model: one forward pass that scores 128 positions at once,
+# against generating 128 tokens one by one (without a cache, as chapter 07 does; chapter 09
+# makes each step cheaper).
+
+# %%
+with torch.no_grad():
+    window = val_ids[: trained.config.context_length][None]
+    trained(window)  # warm up
+    started = time.perf_counter()
+    for _ in range(5):
+        trained(window)
+    parallel = (time.perf_counter() - started) / 5
+    started = time.perf_counter()
+    reference_generate.generate(trained, window[:, :1], trained.config.context_length - 1, temperature=0)
+    sequential = time.perf_counter() - started
+n = trained.config.context_length
+print(f"training-style pass, {n} positions at once:  {parallel * 1000:7.1f} ms ({parallel / n * 1e6:6.0f} µs per position)")
+print(f"generation, {n - 1} tokens one at a time:    {sequential * 1000:7.1f} ms ({sequential / (n - 1) * 1e6:6.0f} µs per token)")
+print(f"generating is {sequential / parallel:.0f} times slower than scoring the same number of positions")
+
+# %% [markdown]
+# Producing the same number of tokens takes tens of times longer than scoring them,
+# because each generated token needs a full pass over a context that grows by one each
+# time, and the passes cannot overlap. That sequential loop, not the model's size alone,
+# is what the KV cache (chapter 09) and every inference optimization after it attack.
+#
+# ## What `minillm` gained
+#
+# - `minillm.model`: `GPTConfig` (extends `ModelConfig`; the switches of chapters 02–06)
+#   and `GPT` with `forward(ids, targets=None, kv_cache=None)` → `(logits, loss)`;
+#   `count_parameters(config)` equals its size for every switch setting (the tests check
+#   hundreds of combinations).
+# - `minillm.train`: `summed_nll` (Exercise 1), `token_nll`, `nats_per_char`;
+#   `param_groups`, `build_optimizer`; `lr_schedule` (Exercise 2), `build_scheduler`;
+#   `BatchSampler`; `TrainConfig` and `train` with exact resume; `save_model`,
+#   `load_model`, `load_pretrained`, the recipe of `make train`.
+# - `minillm.sampling`: `greedy`, `apply_temperature`, `top_k_filter` (Exercise 3),
+#   `top_p_filter` (Exercise 4), `sample_next`.
+# - `minillm.generate`: `generate(model, ids, max_new_tokens, temperature=1.0, top_k=None,
+#   top_p=None, kv_cache=None)` and `generate_text`.
+# - The command line, `python -m minillm train | generate | evaluate`, and the shipped
+#   model in `data/`, which later chapters load with `minillm.train.load_pretrained()`.
+#   (`minillm.convert.from_hf_gpt2` loads a Hugging Face GPT-2 into `GPT`; the tests
+#   check the logits against `transformers`.)
+#
+# Chapter 08 asks how the loss falls with model size and data, chapter 09 adds the cache
+# that `generate` is ready for, and chapters 10–13 speed up, sparsify, adapt and align
+# this model.
+#
+# ## Further reading
+#
+# - Shannon, *Prediction and Entropy of Printed English* (1951): bits per character of English.
+# - Vaswani et al., *Attention Is All You Need* (2017).
+# - Loshchilov & Hutter, *SGDR: Stochastic Gradient Descent with Warm Restarts* (2017): cosine schedules.
+# - Radford et al., *Improving Language Understanding by Generative Pre-Training* (2018): GPT.
+# - Devlin et al., *BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding* (2018).
+# - Fan, Lewis & Dauphin, *Hierarchical Neural Story Generation* (2018): top-k sampling.
+# - Loshchilov & Hutter, *Decoupled Weight Decay Regularization* (2019): AdamW.
+# - Radford et al., *Language Models are Unsupervised Multitask Learners* (2019): GPT-2, its initialization and pre-norm.
+# - Holtzman et al., *The Curious Case of Neural Text Degeneration* (2019): nucleus (top-p) sampling.
+# - Zhang & Sennrich, *Root Mean Square Layer Normalization* (2019): RMSNorm.
+# - Clark et al., *ELECTRA: Pre-training Text Encoders as Discriminators Rather Than Generators* (2020): why masked LMs learn slowly.
+# - Shazeer, *GLU Variants Improve Transformer* (2020): SwiGLU.
+# - Su et al., *RoFormer: Enhanced Transformer with Rotary Position Embedding* (2021): RoPE.
+# - Karpathy, *nanoGPT* (2022): the small, readable GPT training code this chapter's loop resembles.
+# - Touvron et al., *LLaMA: Open and Efficient Foundation Language Models* (2023): the recipe our default model copies.

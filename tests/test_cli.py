@@ -1,0 +1,73 @@
+"""python -m minillm: help, a tiny training run end to end, generation, evaluation, clear errors; the shipped model."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minillm import data
+from minillm.__main__ import main
+from minillm.tokenizer import BPETokenizer
+from minillm.train import load_model, load_pretrained, nats_per_char, pretrained_paths
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["generate", "--help"], ["evaluate", "--help"]])
+def test_help(argv):
+    result = subprocess.run([sys.executable, "-m", "minillm", *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "usage: python -m minillm" in result.stdout
+
+
+def test_train_generate_evaluate_round_trip(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(data.corpus_text()[:60_000], encoding="utf-8")
+    out = tmp_path / "tiny.pt"
+    main(["train", "--corpus", str(corpus), "--out", str(out), "--run", str(tmp_path / "run.pt"), "--steps", "12",
+          "--vocab-size", "300", "--context", "32", "--d-model", "32", "--layers", "1", "--heads", "2",
+          "--batch-size", "4", "--figure", str(tmp_path / "loss.png"), "--quiet"])
+    printed = capsys.readouterr().out
+    assert "nats per character" in printed and "ROMEO:" in printed
+    assert out.is_file() and (tmp_path / "tiny-tokenizer.json").is_file() and (tmp_path / "loss.png").is_file()
+    model = load_model(out)
+    assert model.config.d_model == 32 and model.config.vocab_size == 300
+    main(["generate", "--model", str(out), "--prompt", "KING:", "--max-new-tokens", "8", "--seed", "3", "--quiet"])
+    first = capsys.readouterr().out
+    main(["generate", "--model", str(out), "--prompt", "KING:", "--max-new-tokens", "8", "--seed", "3", "--quiet"])
+    assert first.startswith("KING:") and capsys.readouterr().out == first, "the same seed must give the same text"
+    main(["evaluate", "--model", str(out), "--corpus", str(corpus), "--max-chars", "2000"])
+    assert "nats per character on 2,000 validation characters" in capsys.readouterr().out
+
+
+def test_resume_from_the_command_line(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(data.corpus_text()[:30_000], encoding="utf-8")
+    common = ["train", "--corpus", str(corpus), "--out", str(tmp_path / "m.pt"), "--run", str(tmp_path / "run.pt"),
+              "--steps", "6", "--vocab-size", "280", "--context", "16", "--d-model", "16", "--layers", "1",
+              "--heads", "2", "--batch-size", "2", "--quiet"]
+    main(common)
+    main(common + ["--resume"])  # the run is complete: resuming does no step and writes the same model
+    assert "validation loss" in capsys.readouterr().out
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["generate", "--model", str(tmp_path / "missing.pt")])
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00" * 100)
+    with pytest.raises(SystemExit, match="corrupt"):
+        main(["evaluate", "--model", str(corrupt)])
+    with pytest.raises(SystemExit, match="corpus"):
+        main(["train", "--corpus", str(tmp_path / "nothing.txt")])
+    with pytest.raises(SystemExit):
+        main(["train", "--steps", "0"])
+
+
+def test_the_shipped_model_predicts_validation_text():
+    """A broken or mismatched checkpoint cannot ship: it must predict held-out text well."""
+    model, tokenizer = load_pretrained()
+    _, val_text = data.split_corpus(data.corpus_text())
+    piece = val_text[:6_000]
+    loss = nats_per_char(model, torch.tensor(tokenizer.encode(piece)), len(piece))
+    assert loss < 1.75, f"the shipped model scores {loss:.3f} nats per character on validation text (untrained: ~2.9)"
+    model_path, tokenizer_path = pretrained_paths()
+    assert model_path.stat().st_size <= 20_000_000, "the shipped checkpoint must stay under 20 MB"
+    assert len(BPETokenizer.load(tokenizer_path)) == model.config.vocab_size
