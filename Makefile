@@ -7,11 +7,12 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lab test notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv lab test train notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
 	@echo "make test      run the whole test suite (as CI does)"
+	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
@@ -40,6 +41,12 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -p no:xdist solutions $(PYTEST_ARGS)
+
+# The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so the run
+# is bit-identical on any machine with the same torch version. Prints the validation loss
+# in nats per character and a sample.
+train: $(STAMP)
+	$(BIN)/python -m minillm train --threads 1 --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)
