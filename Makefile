@@ -47,7 +47,7 @@ test: $(STAMP)
 # is bit-identical on any machine with the same torch version. Prints the validation loss
 # in nats per character and a sample.
 train: $(STAMP)
-	$(BIN)/python -m minillm train --threads 1 --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
+	$(BIN)/python -m minillm train --threads 1 --out data/minillm-shakespeare.pt --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)

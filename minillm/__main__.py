@@ -2,9 +2,11 @@
 
 - ``train``: learn a BPE tokenizer on the first 90% of the corpus, train the default GPT
   on it, report the validation loss in nats per character, print a sample, and write the
-  model and its tokenizer (by default into ``data/``, where the course loads them).
+  model and its tokenizer (by default into ``build/``, so the shipped model in ``data/``
+  stays as it is; ``make train`` writes into ``data/`` on purpose).
   ``--resume`` continues an interrupted run from its training checkpoint, exactly.
-- ``generate``: continue a prompt with a trained model (by default the shipped one).
+- ``generate``: continue a prompt with a trained model (by default the shipped one in
+  ``data/``; ``--model build/minillm-shakespeare.pt`` uses the one you trained).
 - ``evaluate``: the validation loss of a trained model in nats per character.
 
 Run any of them with ``--help`` for the options.
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 DEFAULT_NAME = "minillm-shakespeare"
+DEFAULT_OUT = Path("build") / f"{DEFAULT_NAME}.pt"  # where `train` writes; the shipped model in data/ is not touched
+DEFAULT_TOP_P = 0.95  # generate's nucleus, unless --top-k is given alone
 
 
 def _positive_int(text: str) -> int:
@@ -39,10 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     t = commands.add_parser("train", help="train the default model on the bundled corpus",
                             description="Train a GPT on the bundled corpus (tiny Shakespeare by default). The "
                                         "tokenizer is trained on the first 90% of the text; the last 10% "
-                                        "validates. Defaults are the recipe of `make train`.")
+                                        "validates. Defaults are the recipe of `make train`, which also passes "
+                                        "--out data/minillm-shakespeare.pt to replace the shipped model.")
     t.add_argument("--corpus", type=Path, help="a UTF-8 text file to train on (default: the bundled corpus)")
-    t.add_argument("--out", type=Path, help=f"where the model goes (default: data/{DEFAULT_NAME}.pt); its "
-                                            "tokenizer is written beside it as *-tokenizer.json")
+    t.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="where the model goes (default: %(default)s, leaving the shipped model in data/ as it "
+                        "is); its tokenizer is written beside it as *-tokenizer.json")
     t.add_argument("--run", type=Path, default=Path("build") / "minillm-train.pt",
                    help="the training checkpoint, written as training goes (default: %(default)s)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --run")
@@ -58,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--positions", choices=("learned", "sinusoidal", "rope", "alibi"), default=recipe["positions"],
                    help="(default: %(default)s)")
     t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
-    t.add_argument("--ffn", choices=("gelu", "relu", "swiglu"), default=recipe["ffn"], help="(default: %(default)s)")
+    t.add_argument("--ffn", choices=("gelu", "gelu_tanh", "relu", "swiglu"), default=recipe["ffn"],
+                   help="(default: %(default)s; gelu_tanh is GPT-2's approximation)")
     t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     t.add_argument("--threads", type=_positive_int, default=None,
                    help="CPU threads for torch (default: torch's choice, all cores); results are bit-identical "
@@ -73,8 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", type=Path, help="its tokenizer (default: beside the model, *-tokenizer.json)")
     g.add_argument("--max-new-tokens", type=int, default=200, help="(default: %(default)s)")
     g.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: %(default)s)")
-    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
-    g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=None,
+                   help="sample from the k most likely tokens only; given without --top-p, it replaces the "
+                        "default nucleus instead of combining with it")
+    g.add_argument("--top-p", type=float, default=None,
+                   help=f"nucleus sampling threshold (default: {DEFAULT_TOP_P}, or none when --top-k is given; "
+                        "give both to apply top-k, then top-p)")
     g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text (default: %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -143,7 +154,7 @@ def cmd_train(args) -> None:
     print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits per character; "
           f"{total / count:.3f} nats per token) on the last 10% of the corpus; {minutes:.1f} minutes in all",
           flush=True)
-    out, tokenizer_out = _model_paths(args.out, None)
+    out, tokenizer_out = args.out, training.tokenizer_path_for(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(tokenizer_out)
     training.save_model(out, model, tokenizer=tokenizer_out.name, val_nats_per_char=loss,
@@ -151,13 +162,22 @@ def cmd_train(args) -> None:
                         val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
                         chars_per_token=len(val_text) / len(val_ids), torch_version=str(torch.__version__),
                         torch_threads=torch.get_num_threads(), minutes=minutes)
-    print(f"wrote {out} and {tokenizer_out}")
+    print(f"wrote the model to {out} and its tokenizer to {tokenizer_out}")
     if args.figure:
         training.plot_history(history).savefig(args.figure, dpi=120)
         print(f"wrote {args.figure}")
     sample = generate_text(model, tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
                            generator=torch.Generator().manual_seed(0))
     print("\nsample (prompt 'ROMEO:', temperature 0.8, top-p 0.95, seed 0):\n" + sample)
+    print(f"\nto talk to this model: python -m minillm generate --model {out} --prompt \"ROMEO:\"")
+
+
+def sampling_settings(top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
+    """generate's (top_k, top_p): the default nucleus applies only when neither is given, so
+    ``--top-k 40`` alone means top-k sampling, not top-k and then a nucleus of 0.95."""
+    if top_p is None and top_k is None:
+        top_p = DEFAULT_TOP_P
+    return top_k, top_p
 
 
 def cmd_generate(args) -> None:
@@ -170,8 +190,9 @@ def cmd_generate(args) -> None:
     model_path, tokenizer_path = _model_paths(args.model, args.tokenizer)
     model = training.load_model(model_path)
     tokenizer = BPETokenizer.load(tokenizer_path)
+    top_k, top_p = sampling_settings(args.top_k, args.top_p)
     text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
+                         top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(args.seed),
                          progress=not args.quiet)
     print(text)
 

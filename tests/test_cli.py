@@ -1,12 +1,13 @@
 """python -m minillm: help, a tiny training run end to end, generation, evaluation, clear errors; the shipped model."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from minillm import data
-from minillm.__main__ import main
+from minillm.__main__ import _parser, main, sampling_settings
 from minillm.tokenizer import BPETokenizer
 from minillm.train import load_model, load_pretrained, nats_per_char, pretrained_paths
 
@@ -26,6 +27,8 @@ def test_train_generate_evaluate_round_trip(tmp_path, capsys):
           "--batch-size", "4", "--figure", str(tmp_path / "loss.png"), "--quiet"])
     printed = capsys.readouterr().out
     assert "nats per character" in printed and "ROMEO:" in printed
+    assert f"wrote the model to {out}" in printed, "train must say where the model went"
+    assert f"python -m minillm generate --model {out}" in printed, "train must print the command that uses its model"
     assert out.is_file() and (tmp_path / "tiny-tokenizer.json").is_file() and (tmp_path / "loss.png").is_file()
     model = load_model(out)
     assert model.config.d_model == 32 and model.config.vocab_size == 300
@@ -48,6 +51,27 @@ def test_resume_from_the_command_line(tmp_path, capsys):
     assert "validation loss" in capsys.readouterr().out
 
 
+def test_train_leaves_the_shipped_model_alone_by_default():
+    """Following the chapter (`python -m minillm train`) must not overwrite data/; `make train` asks for it."""
+    args = _parser().parse_args(["train"])
+    assert args.out == Path("build") / "minillm-shakespeare.pt"
+    assert _parser().parse_args(["generate"]).model is None, "generate defaults to the shipped model"
+    assert _parser().parse_args(["evaluate"]).model is None, "evaluate defaults to the shipped model"
+    help_text = _parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "build/minillm-shakespeare.pt" in help_text
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "minillm train --threads 1 --out data/minillm-shakespeare.pt" in makefile
+    assert _parser().parse_args(["train", "--ffn", "gelu_tanh"]).ffn == "gelu_tanh"
+
+
+def test_generate_top_k_alone_replaces_the_default_nucleus():
+    assert sampling_settings(None, None) == (None, 0.95), "no filter given: the default nucleus"
+    assert sampling_settings(40, None) == (40, None), "--top-k alone must not combine with the default top-p"
+    assert sampling_settings(40, 0.9) == (40, 0.9) and sampling_settings(None, 0.5) == (None, 0.5)
+    args = _parser().parse_args(["generate", "--top-k", "40"])
+    assert sampling_settings(args.top_k, args.top_p) == (40, None)
+
+
 def test_clear_errors(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         main(["generate", "--model", str(tmp_path / "missing.pt")])
@@ -67,7 +91,8 @@ def test_the_shipped_model_predicts_validation_text():
     _, val_text = data.split_corpus(data.corpus_text())
     piece = val_text[:6_000]
     loss = nats_per_char(model, torch.tensor(tokenizer.encode(piece)), len(piece))
-    assert loss < 1.75, f"the shipped model scores {loss:.3f} nats per character on validation text (untrained: ~2.9)"
+    # the shipped model scores 1.239 here; a model trained a third as long, or a damaged one, scores above 1.35
+    assert loss < 1.35, f"the shipped model scores {loss:.3f} nats per character on validation text (untrained: ~2.9)"
     model_path, tokenizer_path = pretrained_paths()
     assert model_path.stat().st_size <= 20_000_000, "the shipped checkpoint must stay under 20 MB"
     assert len(BPETokenizer.load(tokenizer_path)) == model.config.vocab_size

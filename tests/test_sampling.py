@@ -86,6 +86,15 @@ def test_top_p_matches_a_naive_walk_and_is_the_smallest_prefix(p):
         assert (~kept).sum() == 0 or prob[kept].min() >= prob[~kept].max(), "the kept tokens must be the most likely"
 
 
+@pytest.mark.parametrize("name, arg", [("top_k_filter", 3), ("top_p_filter", 0.5), ("apply_temperature", 0.7)])
+def test_filters_leave_their_input_alone(name, arg):
+    logits = _logits(rows=5, vocab=9, seed=11)
+    before = logits.clone()
+    out = getattr(sampling, name)(logits, arg)
+    assert torch.equal(logits, before), "the filter modified its input"
+    assert not torch.equal(out, before), "the case must change something, or this test cannot fail"
+
+
 def test_top_p_edge_cases():
     logits = _logits()
     assert torch.equal(sampling.top_p_filter(logits, 1.0), logits)

@@ -140,6 +140,33 @@ def test_training_learns_a_repeating_pattern():
     assert not model.training
 
 
+def test_train_clips_the_gradient_before_each_step():
+    """The gradient AdamW receives has norm grad_clip whenever the raw gradient is larger."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY))
+    data, val = _stream(700), _stream(100, seed=1)
+    x = data[:9][None]
+    _, loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    raw = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+    model.zero_grad(set_to_none=True)
+    clip = 1e-3
+    assert raw > 10 * clip, "the test needs a raw gradient larger than the clip"
+    norms = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    handle = torch.optim.optimizer.register_optimizer_step_pre_hook(record)
+    try:
+        train(model, data, val, TrainConfig(steps=5, batch_size=4, warmup_steps=1, grad_clip=clip), progress=False)
+    finally:
+        handle.remove()
+    assert len(norms) == 5
+    assert norms == pytest.approx([clip] * 5, rel=1e-3), f"gradient norms at the optimizer: {norms} (clip {clip})"
+
+
 def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
     config = GPTConfig(**TINY, dropout=0.2)  # dropout: the random generators must be restored too
     train_config = TrainConfig(steps=24, batch_size=4, warmup_steps=4, eval_every=8, checkpoint_every=5)
@@ -173,8 +200,16 @@ def test_checkpoint_errors(tmp_path):
         train(model, _stream(), _stream(50), train_config, resume=True)
     path = tmp_path / "run.pt"
     train(model, _stream(), _stream(50), train_config, checkpoint_path=path, stop_after=2, progress=False)
+    other = GPT(GPTConfig(**TINY))  # another initialization than the checkpoint's weights
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert any(not torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     with pytest.raises(CheckpointError, match="TrainConfig"):
-        train(model, _stream(), _stream(50), TrainConfig(steps=5, batch_size=2, warmup_steps=1), checkpoint_path=path,
+        train(other, _stream(), _stream(50), TrainConfig(steps=5, batch_size=2, warmup_steps=1), checkpoint_path=path,
+              resume=True, progress=False)
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in before.items()), \
+        "a refused resume must leave the caller's model as it was"
+    with pytest.raises(CheckpointError, match="another model"):
+        train(GPT(GPTConfig(**{**TINY, "d_ff": 48})), _stream(), _stream(50), train_config, checkpoint_path=path,
               resume=True, progress=False)
     save_model(tmp_path / "model.pt", model, note="hello")
     loaded = load_model(tmp_path / "model.pt")

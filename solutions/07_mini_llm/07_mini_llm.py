@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from minillm import course, data
 from minillm.config import count_parameters
 
-device = course.setup(seed=0)
+device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its models are small
 torch.set_num_threads(1)  # this chapter's models are small: one thread is as fast, and robust on a busy machine
 
 # %% [markdown]
@@ -195,6 +195,20 @@ class GPTConfig(ModelConfig):
 #   such contributions; the smaller scale keeps its variance from growing with depth.
 #   With small weights the initial logits are nearly zero, so the untrained model
 #   predicts nearly uniformly: its loss starts at $\ln V$.
+# - **The `kv_cache` argument** is for chapter 09, and you can skip its lines for now: in
+#   this chapter it is always `None`. `ModelCacheLike` is a `typing.Protocol`, a
+#   description of what a cache must offer (a `length`, the number of positions it
+#   already holds, and `layer(i)`, the cache of block `i`) without an implementation;
+#   chapter 09 writes a class that has both, and `forward` works with it unchanged.
+#
+# Read the class with four questions in mind (answers below the cell):
+#
+# 1. Find where the model decides whether attention is causal. (It is not in `forward`.)
+# 2. Find where the tied output head is used instead of `lm_head`, and what it computes.
+# 3. Find how `reset_parameters` recognizes the projections that write into the residual
+#    stream, and what standard deviation they get.
+# 4. Find where the positions of the tokens are computed, and why they do not always
+#    start at 0.
 
 # %%
 #| export minillm/model.py
@@ -312,6 +326,21 @@ class GPT(nn.Module):
         return logits, loss
 
 # %% [markdown]
+# <details><summary>Answers to the four questions</summary>
+#
+# 1. In `__init__`: every `TransformerBlock` gets `causal=c.architecture == "decoder"`,
+#    and its attention applies the causal mask itself. `forward` passes a `mask` only for
+#    ALiBi, whose bias it adds to the scores.
+# 2. Near the end of `forward`: `logits = self.token_embedding.logits(x)`
+#    when `lm_head` is None, which is `x @ E.T` (chapter 02): one score per vocabulary
+#    entry, the dot product of the final vector with that token's embedding.
+# 3. By name: `name.endswith(("attn.out", "ffn.w2"))`; those get
+#    `init_std / sqrt(2 * n_layers)`, 0.02 / √8 ≈ 0.007 for the course's four layers.
+# 4. `positions = torch.arange(start, start + seq)`, with `start = kv_cache.length`: with
+#    a cache the new tokens come after the cached ones, so their positions continue from
+#    there (chapter 09). Without a cache `start` is 0.
+# </details>
+#
 # Chapter 00 promised that `count_parameters(config)` is the exact size of the model the
 # config describes. Here is the model in the course's default shape, the one `make train`
 # trains: about a million parameters, Llama-style (RoPE, RMSNorm, SwiGLU with the 2/3
@@ -336,18 +365,21 @@ print(reference_model.GPT(recipe).blocks[0])
 
 # %% [markdown]
 # The logits of an untrained model are nearly zero (small weights, tied head), so it
-# predicts nearly uniformly, and each position's prediction depends on its own prefix
-# only. Change the token at position 5 and the logits of positions 0–4 do not move at all:
+# predicts nearly uniformly: on a batch of 16 windows of 128 random tokens its loss is
+# close to $\ln V$. And each position's prediction depends on its own prefix only. Change
+# the token at position 5 of a short sequence and the logits of positions 0–4 do not move
+# at all:
 
 # %%
 #| stable
 torch.manual_seed(0)
 untrained = reference_model.GPT(recipe).eval()
+batch = torch.randint(0, recipe.vocab_size, (16, recipe.context_length + 1))
 ids = torch.randint(0, recipe.vocab_size, (1, 12))
 changed = ids.clone()
 changed[0, 5] = (changed[0, 5] + 1) % recipe.vocab_size
 with torch.no_grad():
-    logits, loss = untrained(ids[:, :-1], ids[:, 1:])
+    logits, loss = untrained(batch[:, :-1], batch[:, 1:])
     moved = (untrained(changed)[0] - untrained(ids)[0]).abs().amax(dim=-1)[0]
 print(f"logits {tuple(logits.shape)}; loss {loss.item():.3f} nats per token; ln V = {math.log(recipe.vocab_size):.3f}")
 print("positions whose logits changed:", (moved > 0).nonzero().flatten().tolist())
@@ -780,14 +812,19 @@ for max_lr, warmup, total, min_lr in [(3e-4, 100, 5000, 3e-5), (1e-2, 1, 7, 0.0)
     steps = sorted({0, max(warmup - 1, 0), warmup, (warmup + total) // 2, total - 1, total, total + 3, 2 * total + 1})
     got = torch.tensor([float(lr_schedule(s, max_lr, warmup, total, min_lr)) for s in steps], dtype=torch.float64)
     expected = torch.tensor([_reference_lr(s, max_lr, warmup, total, min_lr) for s in steps], dtype=torch.float64)
+    # relative to max_lr: an answer computed in float32 (torch.cos of a tensor) is off by about 1e-7 of it, and right
     course.expect_close(got, expected, f"lr_schedule(max_lr={max_lr}, warmup={warmup}, total={total}, min_lr={min_lr}) "
-                        f"at steps {steps}", atol=1e-12, rtol=1e-9)
+                        f"at steps {steps}", atol=1e-6 * max_lr, rtol=1e-6)
 # the defining properties: continuous at the end of warmup, halfway at the middle of the decay, monotone decay
 max_lr, warmup, total, min_lr = 6e-4, 20, 220, 6e-5
-assert abs(float(lr_schedule(warmup - 1, max_lr, warmup, total, min_lr)) - max_lr) < 1e-15
-assert abs(float(lr_schedule(120, max_lr, warmup, total, min_lr)) - (max_lr + min_lr) / 2) < 1e-12
+assert math.isclose(float(lr_schedule(warmup - 1, max_lr, warmup, total, min_lr)), max_lr, rel_tol=1e-6), \
+    "lr_schedule: the last warmup step must reach max_lr"
+assert math.isclose(float(lr_schedule(warmup, max_lr, warmup, total, min_lr)), max_lr, rel_tol=1e-6), \
+    "lr_schedule: the decay must start at max_lr"
+assert math.isclose(float(lr_schedule(120, max_lr, warmup, total, min_lr)), (max_lr + min_lr) / 2, rel_tol=1e-6), \
+    "lr_schedule: halfway through the decay the rate must be (max_lr + min_lr) / 2"
 decay = [float(lr_schedule(s, max_lr, warmup, total, min_lr)) for s in range(warmup, total + 5)]
-assert all(a >= b for a, b in zip(decay, decay[1:])), "the learning rate must not rise after warmup"
+assert all(a >= b for a, b in zip(decay, decay[1:])), "lr_schedule: the learning rate must not rise after warmup"
 ### END HIDDEN TESTS
 
 # %%
@@ -885,14 +922,49 @@ class BatchSampler:
         self._starts = self._epoch_starts(self.epoch)
 
 # %% [markdown]
-# The rest of the loop is given: the hyper-parameters in a `TrainConfig`, and `train`,
-# which puts the four ingredients together. Its checkpoints hold everything the next
-# step depends on: the weights, AdamW's moment estimates, the scheduler's step, the state
-# of every random generator (dropout draws from torch's), and the sampler's cursor.
-# Restoring all of it makes a resumed run take *exactly* the steps the uninterrupted run
-# would have taken. The files are written to a temporary name and then renamed
-# (`minillm.checkpoint.save_checkpoint`), so a crash while saving leaves the previous
-# checkpoint intact; a missing or corrupt file is a `CheckpointError` naming it.
+# ### The loop, bare
+#
+# All the pieces are there. Here is the whole of training in ten lines, on a small model
+# (two layers, $d = 64$, context 64, the course's Llama-style switches) for a few dozen
+# steps. Each step:
+#
+# 1. `next(batches)` gives `x`, 16 windows of 64 tokens, and `y`, the same windows
+#    shifted by one token: the next token of every position.
+# 2. `model(x, y)` returns the logits and the mean cross-entropy of its $16 \times 64$
+#    next-token predictions, one number.
+# 3. `optimizer.zero_grad()` clears the previous step's gradients (PyTorch adds new
+#    gradients to old ones otherwise), and `loss.backward()` computes the gradient of the
+#    loss with respect to every parameter.
+# 4. `clip_grad_norm_` measures the norm of all the gradients together and, when it
+#    exceeds 1, scales them all down so that it is 1.
+# 5. `optimizer.step()` moves every weight (AdamW, at the current learning rate), and
+#    `scheduler.step()` sets the next step's learning rate (warmup, then cosine).
+
+# %%
+train_tokens = torch.tensor(tokenizer.encode(train_text[: 150_000] if course.QUICK else train_text))
+small = dict(context_length=64, d_model=64, n_layers=2, n_heads=4, d_ff=176, positions="rope", norm="rmsnorm",
+             ffn="swiglu", bias=False, attention_backend="sdpa")
+bare_steps = 20 if course.QUICK else 60
+torch.manual_seed(0)
+model = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer), **small))
+optimizer = reference_train.build_optimizer(model, lr=6e-3)
+scheduler = reference_train.build_scheduler(optimizer, warmup_steps=bare_steps // 10, total_steps=bare_steps)
+batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)
+for step in range(bare_steps):
+    x, y = next(batches)                                        # (16, 64) inputs, (16, 64) next tokens
+    _, loss = model(x, y)                                       # mean cross-entropy, nats per token
+    optimizer.zero_grad()
+    loss.backward()                                             # a gradient for every parameter
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # gradient clipping
+    optimizer.step()                                            # AdamW
+    scheduler.step()                                            # warmup, then cosine decay
+    if step % 10 == 0 or step == bare_steps - 1:
+        print(f"step {step:3d}: loss {loss.item():.2f} nats per token, next learning rate {scheduler.get_last_lr()[0]:.2e}")
+
+# %% [markdown]
+# That is training. The package's loop adds what makes it usable: the hyper-parameters
+# in a `TrainConfig`, and weights-only model files written by `save_model` and read back
+# by `load_model`:
 
 # %%
 #| export minillm/train.py
@@ -961,7 +1033,25 @@ def load_model(path, map_location="cpu") -> GPT:
         raise CheckpointError(f"checkpoint {str(path)!r} does not fit its own config: {error}") from error
     return model.eval()
 
+# %% [markdown]
+# `train` is the bare loop above (find it between `while step < last:` and `step += 1`)
+# with four additions:
+#
+# - **Evaluation**: every `eval_every` steps, the loss on a few windows of the held-out
+#   text (`token_nll`), in eval mode.
+# - **Checkpoints**: every `checkpoint_every` steps, everything the next step depends
+#   on: the weights, AdamW's moment estimates, the scheduler's step, the state of every
+#   random generator (dropout draws from torch's), and the sampler's cursor. The files
+#   are written to a temporary name and then renamed
+#   (`minillm.checkpoint.save_checkpoint`), so a crash while saving leaves the previous
+#   checkpoint intact; a missing or corrupt file is a `CheckpointError` naming it.
+# - **Resuming**: `resume=True` first checks that the checkpoint belongs to this run (the
+#   same `TrainConfig`, the same model config), then restores all of it. The resumed run
+#   then takes *exactly* the steps the uninterrupted run would have taken.
+# - **A history** of the losses and learning rates, and a `tqdm` progress bar.
 
+# %%
+#| export minillm/train.py
 def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig = TrainConfig(),
           checkpoint_path=None, resume: bool = False, stop_after: int | None = None,
           progress: bool = True, extra: dict | None = None) -> dict:
@@ -991,14 +1081,17 @@ def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: Tr
             raise ValueError("resume=True needs a checkpoint_path")
         state = load_checkpoint(checkpoint_path, required=("model", "optimizer", "scheduler", "rng", "sampler", "step"),
                                 map_location=device)
+        if state.get("train_config") != asdict(config):  # checked before anything is loaded into model
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
+                                  f"{state.get('train_config')} (this run: {asdict(config)})")
+        if state.get("config") is not None and state["config"] != model.config.to_dict():
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} holds another model: {state['config']} "
+                                  f"(this run: {model.config.to_dict()})")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
-        if state.get("train_config") != asdict(config):
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
-                                  f"{state.get('train_config')} (this run: {asdict(config)})")
         step = int(state["step"])
         history = {key: list(value) for key, value in state["history"].items()}
     last = config.steps if stop_after is None else min(stop_after, config.steps)
@@ -1129,16 +1222,13 @@ def plot_history(history: dict, title: str = "Training the mini-LLM"):
     return fig
 
 # %% [markdown]
-# Here is the loop at work on a small model (two layers, $d = 64$, context 64, the
-# course's Llama-style switches), trained from scratch for 500 steps (40 in quick mode).
-# It uses the package's `train`, so the schedule is the course's reference whatever
-# happened in Exercise 2. The BERT-style section below trains a twin of this model.
+# Here is `train` at work on the same small shape, trained from scratch for 500 steps
+# (40 in quick mode). It uses the package's `train`, so the schedule is the course's
+# reference whatever happened in Exercise 2. The BERT-style section below trains a twin
+# of this model.
 
 # %%
 demo_steps = 40 if course.QUICK else 500
-train_tokens = torch.tensor(tokenizer.encode(train_text[: 150_000] if course.QUICK else train_text))
-small = dict(context_length=64, d_model=64, n_layers=2, n_heads=4, d_ff=176, positions="rope", norm="rmsnorm",
-             ffn="swiglu", bias=False, attention_backend="sdpa")
 torch.manual_seed(0)
 demo = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, **small))  # + 1: see below
 demo_config = reference_train.TrainConfig(steps=demo_steps, batch_size=16, lr=6e-3, warmup_steps=demo_steps // 20,
@@ -1337,27 +1427,37 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 # %%
 #| test top_k_filter_visible points=1
 def _top_k_case():
-    """Two rows of five logits, no ties, and k = 2."""
-    return torch.tensor([[1.0, 3.0, -0.5, 2.0, 0.0], [0.2, -1.0, 0.7, 0.1, 1.5]]), 2
+    """Three rows of five logits and k = 2; the third row ties at the boundary (two logits equal 1.0)."""
+    return torch.tensor([[1.0, 3.0, -0.5, 2.0, 0.0], [0.2, -1.0, 0.7, 0.1, 1.5], [0.0, 1.0, -1.0, 1.0, 2.0]]), 2
 
 
 _logits, _k = _top_k_case()
+_input = _logits.clone()
+_got = top_k_filter(_input, _k)
+if not torch.equal(_input, _logits):
+    raise course.CheckFailed("top_k_filter(logits, k=2): the filter modified its input. Return a new tensor "
+                             "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
 _inf = float("-inf")
-_expected = torch.tensor([[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5]])
+_expected = torch.tensor([[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5], [_inf, 1.0, _inf, 1.0, 2.0]])
 _smallest = _logits.masked_fill(_logits > torch.topk(_logits, 2, largest=False).values[..., -1:], _inf)
+_exactly_k = torch.zeros_like(_logits, dtype=torch.bool).scatter(-1, torch.topk(_logits, 2).indices, True)
 course.expect_close(
-    top_k_filter(_logits, _k), _expected, "top_k_filter(logits, k=2)",
+    _got, _expected, "top_k_filter(logits, k=2)",
     mistakes={
         "kept the k smallest logits instead of the k largest": _smallest,
         "kept k + 1 tokens (off by one)": _logits.masked_fill(_logits < torch.topk(_logits, 3).values[..., -1:], _inf),
         "the removed logits are 0, not -inf (a softmax still gives them probability)": _expected.masked_fill(
             _expected == _inf, 0.0),
+        "the removed logits are -1e9, not -inf: use float('-inf'), which a softmax turns into exactly 0 "
+        "at any temperature and in any dtype": _expected.masked_fill(_expected == _inf, -1e9),
+        "exactly k tokens kept in the tied row (scattering topk's indices): keep every logit equal to the k-th "
+        "largest": _logits.masked_fill(~_exactly_k, _inf),
         "returned probabilities, not logits": torch.softmax(_expected, dim=-1),
         "only the single largest logit kept": _logits.masked_fill(_logits < _logits.amax(-1, keepdim=True), _inf),
     },
     hint="the k-th largest value of each row is torch.topk(logits, k).values[..., -1:]; mask what lies below it",
 )
-course.expect_close(top_k_filter(_logits, 5), _logits, "top_k_filter with k equal to the vocabulary size")
+course.expect_close(top_k_filter(_logits.clone(), 5), _logits, "top_k_filter with k equal to the vocabulary size")
 print("top_k_filter: visible test passed")
 
 # %%
@@ -1368,7 +1468,9 @@ g = torch.Generator().manual_seed(3071)
 for shape, k, dtype in [((4, 13), 3, torch.float32), ((2, 3, 29), 7, torch.float64), ((1, 6), 1, torch.float32),
                         ((5, 8), 8, torch.float64), ((3, 4), 100, torch.float32)]:
     logits = 3 * torch.randn(*shape, generator=g, dtype=dtype)
+    before = logits.clone()
     got = top_k_filter(logits, k)
+    assert torch.equal(logits, before), "the filter modified its input"
     kth = torch.topk(logits, min(k, shape[-1]), dim=-1).values[..., -1:]
     expected = logits.masked_fill(logits < kth, float("-inf"))
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_k_filter must keep the shape {shape}"
@@ -1378,17 +1480,18 @@ for shape, k, dtype in [((4, 13), 3, torch.float32), ((2, 3, 29), 7, torch.float
 # k = 1 keeps the argmax alone
 logits = torch.randn(6, 40, generator=g)
 assert torch.equal(torch.isfinite(top_k_filter(logits, 1)), torch.nn.functional.one_hot(logits.argmax(-1), 40).bool())
-# ties at the boundary are kept
+# ties at the boundary are kept, the input is left alone
 tied = torch.tensor([[0.5, 2.0, 0.5, -1.0, 0.5]])
 assert torch.isfinite(top_k_filter(tied, 2)).tolist() == [[True, True, True, False, True]], "ties with the k-th are kept"
+assert torch.equal(tied, torch.tensor([[0.5, 2.0, 0.5, -1.0, 0.5]])), "the filter modified its input"
 ### END HIDDEN TESTS
 
 # %%
+_inf = float("-inf")
 top_k = course.keep_going(
     "top_k_filter", top_k_filter, reference_sampling.top_k_filter,
     check=lambda f: course.expect_close(f(*_top_k_case()), torch.tensor(
-        [[float("-inf"), 3.0, float("-inf"), 2.0, float("-inf")], [float("-inf"), float("-inf"), 0.7, float("-inf"), 1.5]]),
-        "top_k_filter"),
+        [[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5], [_inf, 1.0, _inf, 1.0, 2.0]]), "top_k_filter"),
 )
 
 # %% [markdown]
@@ -1443,10 +1546,15 @@ def _top_p_case():
 
 
 _logits = _top_p_case()
+_input = _logits.clone()
+_got = top_p_filter(_input, 0.7)
+if not torch.equal(_input, _logits):
+    raise course.CheckFailed("top_p_filter(logits, p=0.7): the filter modified its input. Return a new tensor "
+                             "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
 _inf = float("-inf")
 _keep = lambda rows: _logits.masked_fill(~torch.tensor(rows), _inf)  # noqa: E731
 course.expect_close(
-    top_p_filter(_logits, 0.7), _keep([[False, True, False, True], [True, False, False, True]]), "top_p_filter(p=0.7)",
+    _got, _keep([[False, True, False, True], [True, False, False, True]]), "top_p_filter(p=0.7)",
     atol=1e-6,
     mistakes={
         "the token that crosses p was dropped (keep a token when the mass BEFORE it is below p)":
@@ -1456,12 +1564,14 @@ course.expect_close(
             _logits, descending=True).values.masked_fill(torch.tensor([[False, False, True, True]] * 2), _inf),
         "the removed logits are 0, not -inf": _logits.masked_fill(torch.tensor([[True, False, True, False],
                                                                                 [False, True, True, False]]), 0.0),
+        "the removed logits are -1e9, not -inf: use float('-inf')": _logits.masked_fill(
+            torch.tensor([[True, False, True, False], [False, True, True, False]]), -1e9),
     },
     hint="sort descending, mass_before = cumsum - probs, remove where mass_before >= p, scatter back",
 )
-course.expect_close(top_p_filter(_logits, 0.85), _keep([[False, True, True, True], [True, False, True, True]]),
+course.expect_close(top_p_filter(_logits.clone(), 0.85), _keep([[False, True, True, True], [True, False, True, True]]),
                     "top_p_filter(p=0.85)", atol=1e-6)
-course.expect_close(top_p_filter(_logits, 1e-3), _keep([[False, True, False, False], [True, False, False, False]]),
+course.expect_close(top_p_filter(_logits.clone(), 1e-3), _keep([[False, True, False, False], [True, False, False, False]]),
                     "top_p_filter with a tiny p: only the most likely token", atol=1e-6)
 print("top_p_filter: visible test passed")
 
@@ -1483,7 +1593,9 @@ g = torch.Generator().manual_seed(9090)
 for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.float64), ((3, 9), 0.2, torch.float64),
                         ((4, 50), 0.97, torch.float32)]:
     logits = 2.5 * torch.randn(*shape, generator=g, dtype=dtype)
+    before = logits.clone()
     got = top_p_filter(logits, p)
+    assert torch.equal(logits, before), "the filter modified its input"
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_p_filter must keep the shape {shape}"
     for row, out in zip(logits.reshape(-1, shape[-1]), got.reshape(-1, shape[-1])):
         kept = torch.isfinite(out)
@@ -1493,8 +1605,10 @@ for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.f
         assert probs[kept].sum() >= p - 1e-9 and probs[kept].sum() - probs[kept].min() < p, "not the smallest nucleus"
 # p = 1 keeps everything; the most likely token survives any p
 logits = torch.randn(5, 12, generator=g)
+before = logits.clone()
 assert torch.equal(top_p_filter(logits, 1.0), logits)
 assert torch.equal(torch.isfinite(top_p_filter(logits, 1e-6)), torch.nn.functional.one_hot(logits.argmax(-1), 12).bool())
+assert torch.equal(logits, before), "the filter modified its input"
 # a confident row keeps one token, a flat row keeps many
 rows = torch.tensor([[10.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.1, 0.0, 0.05, 0.0, 0.1, 0.02]])
 assert torch.isfinite(top_p_filter(rows, 0.9)).sum(-1).tolist() == [1, 6]
@@ -1731,6 +1845,10 @@ for label, settings in (("greedy", dict(temperature=0)), ("temperature 0.8, top-
 # shape and switches, the same batches in the same order, the same number of steps, the
 # same optimizer and schedule. (That GPT got the extra vocabulary entry too, unused, so
 # the two have exactly the same parameters.) Only the attention mask and the task differ.
+# That is why it is built as `GPT(architecture="encoder")`, pre-norm with RoPE, RMSNorm
+# and SwiGLU, and not from the sleeve's `minillm.block.EncoderLayer` (chapter 06): that
+# layer is post-norm with LayerNorm and a ReLU or GELU FFN, and has no positions of its
+# own, so the comparison would change four things at once.
 
 # %%
 mask_id = len(tokenizer)  # the extra vocabulary entry: [MASK]
@@ -1764,8 +1882,9 @@ for step in tqdm(range(demo_config.steps), desc="masked LM"):
 # %% [markdown]
 # Now both predict the same hidden tokens of the validation text: every eighth position
 # of 100 windows. The encoder gets each window with that one token masked (both sides
-# visible), and again with the token *and everything after it* masked (left side only);
-# the GPT predicts it from the tokens before it, as always.
+# visible), and again cut just after that token, so that the masked token is the last one
+# and only the left side is there (what it would see if asked to continue a text); the
+# GPT predicts it from the tokens before it, as always.
 
 # %%
 encoder.eval()
@@ -1776,11 +1895,11 @@ with torch.no_grad():
     gpt_logits = demo.eval()(windows)[0]
     for position in hidden_positions:
         target = windows[:, position]
-        both, left = windows.clone(), windows.clone()
+        both, left = windows.clone(), windows[:, : position + 1].clone()  # left: the window cut after the target
         both[:, position] = mask_id
-        left[:, position:] = mask_id
+        left[:, -1] = mask_id
         results["encoder, both sides visible"] += F.cross_entropy(encoder(both)[0][:, position], target).item()
-        results["encoder, left side only"] += F.cross_entropy(encoder(left)[0][:, position], target).item()
+        results["encoder, left side only"] += F.cross_entropy(encoder(left)[0][:, -1], target).item()
         results["GPT (left side, always)"] += F.cross_entropy(gpt_logits[:, position - 1], target).item()
 print(f"loss on {100 * len(hidden_positions)} hidden validation tokens, after {demo_config.steps} training steps each:")
 for name, total in results.items():
@@ -1816,11 +1935,11 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The GPT's map is lower-triangular (this head looks mostly at the token itself; others
-# look further back): a token never looks ahead, which is what lets one forward pass
-# train every position at once, and what lets it generate. The encoder's head looks
-# ahead as readily as back: its map has weight on both sides of the diagonal. That is why BERT-style models are the workhorses for understanding a given
-# text (classification, retrieval, tagging), and GPT-style models for producing text.
+# The GPT's map is lower-triangular: a token never looks ahead, which is what lets one
+# forward pass train every position at once, and what lets it generate. The encoder's
+# head looks ahead as readily as back: its map has weight on both sides of the diagonal.
+# That is why BERT-style models are the workhorses for understanding a given text
+# (classification, retrieval, tagging), and GPT-style models for producing text.
 
 # %% [markdown]
 # #| written encoder_cannot_generate points=2
@@ -1867,37 +1986,56 @@ plt.show()
 #   on that choice (the samples above), and greedy decoding needs no softmax at all.
 #
 # Measured on the shipped model: one forward pass that scores 128 positions at once,
-# against generating 128 tokens one by one (without a cache, as chapter 07 does; chapter 09
-# makes each step cheaper).
+# against generating 127 tokens one by one (without a cache, as this chapter does;
+# chapter 09 adds one), and, to see where a step's time goes, a pass over a single
+# position.
 
 # %%
-with torch.no_grad():
-    window = val_ids[: trained.config.context_length][None]
-    trained(window)  # warm up
-    started = time.perf_counter()
-    for _ in range(5):
-        trained(window)
-    parallel = (time.perf_counter() - started) / 5
-    started = time.perf_counter()
-    reference_generate.generate(trained, window[:, :1], trained.config.context_length - 1, temperature=0)
-    sequential = time.perf_counter() - started
+def pass_ms(ids, repeats=20):
+    """The median time of a forward pass over ids, in milliseconds."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        trained(ids)
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[repeats // 2]
+
+
 n = trained.config.context_length
-print(f"training-style pass, {n} positions at once:  {parallel * 1000:7.1f} ms ({parallel / n * 1e6:6.0f} µs per position)")
-print(f"generation, {n - 1} tokens one at a time:    {sequential * 1000:7.1f} ms ({sequential / (n - 1) * 1e6:6.0f} µs per token)")
-print(f"generating is {sequential / parallel:.0f} times slower than scoring the same number of positions")
+with torch.no_grad():
+    window = val_ids[:n][None]
+    trained(window)  # warm up
+    full, single = pass_ms(window), pass_ms(window[:, :1])
+    started = time.perf_counter()
+    reference_generate.generate(trained, window[:, :1], n - 1, temperature=0)
+    per_token = 1000 * (time.perf_counter() - started) / (n - 1)
+print(f"one pass over {n} positions (training-style):  {full:6.2f} ms")
+print(f"one pass over 1 position:                    {single:6.2f} ms ({single / full:.0%} of the {n}-position pass)")
+print(f"generation, {n - 1} tokens one at a time:      {per_token:6.2f} ms per token ({per_token / full:.0%} of the "
+      f"{n}-position pass; {per_token * (n - 1):.0f} ms in all)")
+print(f"generating is {per_token * (n - 1) / full:.0f} times slower than scoring the same number of positions")
 
 # %% [markdown]
-# Producing the same number of tokens takes tens of times longer than scoring them,
-# because each generated token needs a full pass over a context that grows by one each
-# time, and the passes cannot overlap. That sequential loop, not the model's size alone,
-# is what the KV cache (chapter 09) and every inference optimization after it attack.
+# Producing the same number of tokens takes tens of times longer than scoring them: each
+# token needs its own pass, and the passes cannot overlap. But look at what one pass
+# costs. A step of generation runs on 64 positions on average, yet costs more than half
+# of a pass over all 128, and a pass over a single position is not much cheaper. At this
+# size a forward pass is mostly *fixed cost per call*: Python and the launch of some
+# hundred small tensor operations, each too small to keep a core busy. The arithmetic,
+# which grows with the number of positions, is the smaller part. That sets up chapter
+# 09 honestly: a KV cache removes the repeated arithmetic over the context, so on this
+# model it saves much less than the count of operations suggests (the calls remain); on
+# a large model, where arithmetic dominates, it saves what the count suggests. The
+# sequential loop itself, one call per token, is what every inference optimization
+# after it attacks.
 #
 # ## What `minillm` gained
 #
 # - `minillm.model`: `GPTConfig` (extends `ModelConfig`; the switches of chapters 02–06)
 #   and `GPT` with `forward(ids, targets=None, kv_cache=None)` → `(logits, loss)`;
 #   `count_parameters(config)` equals its size for every switch setting (the tests check
-#   hundreds of combinations).
+#   all 192 combinations of positions, norm, placement, FFN, bias and tying, and 9 more
+#   configurations).
 # - `minillm.train`: `summed_nll` (Exercise 1), `token_nll`, `nats_per_char`;
 #   `param_groups`, `build_optimizer`; `lr_schedule` (Exercise 2), `build_scheduler`;
 #   `BatchSampler`; `TrainConfig` and `train` with exact resume; `save_model`,
