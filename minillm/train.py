@@ -290,14 +290,17 @@ def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: Tr
             raise ValueError("resume=True needs a checkpoint_path")
         state = load_checkpoint(checkpoint_path, required=("model", "optimizer", "scheduler", "rng", "sampler", "step"),
                                 map_location=device)
+        if state.get("train_config") != asdict(config):  # checked before anything is loaded into model
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
+                                  f"{state.get('train_config')} (this run: {asdict(config)})")
+        if state.get("config") is not None and state["config"] != model.config.to_dict():
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} holds another model: {state['config']} "
+                                  f"(this run: {model.config.to_dict()})")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
-        if state.get("train_config") != asdict(config):
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
-                                  f"{state.get('train_config')} (this run: {asdict(config)})")
         step = int(state["step"])
         history = {key: list(value) for key, value in state["history"].items()}
     last = config.steps if stop_after is None else min(stop_after, config.steps)
