@@ -51,14 +51,16 @@ def test_resume_from_the_command_line(tmp_path, capsys):
     assert "validation loss" in capsys.readouterr().out
 
 
-def test_train_leaves_the_shipped_model_alone_by_default():
+def test_train_leaves_the_shipped_model_alone_by_default(monkeypatch, capsys):
     """Following the chapter (`python -m minillm train`) must not overwrite data/; `make train` asks for it."""
     args = _parser().parse_args(["train"])
     assert args.out == Path("build") / "minillm-shakespeare.pt"
     assert _parser().parse_args(["generate"]).model is None, "generate defaults to the shipped model"
     assert _parser().parse_args(["evaluate"]).model is None, "evaluate defaults to the shipped model"
-    help_text = _parser()._subparsers._group_actions[0].choices["train"].format_help()
-    assert "build/minillm-shakespeare.pt" in help_text
+    monkeypatch.setenv("COLUMNS", "250")  # one option per line: argparse wraps long help at hyphens
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "default: build/minillm-shakespeare.pt" in capsys.readouterr().out
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert "minillm train --threads 1 --out data/minillm-shakespeare.pt" in makefile
     assert _parser().parse_args(["train", "--ffn", "gelu_tanh"]).ffn == "gelu_tanh"
@@ -91,7 +93,7 @@ def test_the_shipped_model_predicts_validation_text():
     _, val_text = data.split_corpus(data.corpus_text())
     piece = val_text[:6_000]
     loss = nats_per_char(model, torch.tensor(tokenizer.encode(piece)), len(piece))
-    # the shipped model scores 1.239 here; a model trained a third as long, or a damaged one, scores above 1.35
+    # the shipped model scores 1.239 here, the GPT-2-style model trained on the same budget 1.332, an untrained one 2.9
     assert loss < 1.35, f"the shipped model scores {loss:.3f} nats per character on validation text (untrained: ~2.9)"
     model_path, tokenizer_path = pretrained_paths()
     assert model_path.stat().st_size <= 20_000_000, "the shipped checkpoint must stay under 20 MB"

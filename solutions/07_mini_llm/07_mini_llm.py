@@ -1821,7 +1821,8 @@ def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) 
 # %% [markdown]
 # The trained model, prompted with the tee's favourite opening, three ways. Greedy
 # decoding, then sampling at temperature 0.8 with top-p 0.95 (the defaults of
-# `python -m minillm generate`), then plain sampling at temperature 1.5:
+# `python -m minillm generate`; its `--top-k 40` alone switches to top-k sampling, and
+# giving both applies top-k, then top-p), then plain sampling at temperature 1.5:
 
 # %%
 from minillm import generate as reference_generate
