@@ -119,3 +119,16 @@ def test_a_learner_with_right_answers_runs_the_chapter_on_the_bundle(built, monk
     assert outputs.startswith(str(built / "minillm")), "the kernel imported another minillm"
     assert outputs.count("using your implementation, also inside minillm.embedding") == 4
     assert "package's reference" not in outputs
+
+
+@pytest.mark.parametrize("slug", paths.present_slugs())
+def test_keep_going_checks_never_call_the_reference_they_stand_in_for(slug):
+    """In a bundle that reference is a stub: a check that calls it fails a right answer."""
+    for cell in nbformat.read(paths.release_notebook(slug), as_version=4).cells:
+        if cell.cell_type != "code" or "keep_going(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("keep_going"):
+                reference = ast.unparse(node.args[2])
+                check = ast.unparse(node.args[3] if len(node.args) > 3 else next(k.value for k in node.keywords if k.arg == "check"))
+                assert reference not in check, f"{slug}: the check of {reference} calls {reference}"

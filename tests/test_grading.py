@@ -64,6 +64,9 @@ def test_feedback_never_shows_hidden_tests(slug, grading_root):
         if len(line.strip()) > 12
     }
     assert hidden_lines
+    # A hidden test may share a line with the learner's own notebook (`return min_lr`).
+    public = paths.release_notebook(slug).read_text()
+    hidden_lines = {line for line in hidden_lines if line not in public}
     for page in Path(graded(slug, grading_root)["out"]).glob("*/feedback.html"):
         text = page.read_text()
         leaked = [line for line in hidden_lines if line in text]
