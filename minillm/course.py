@@ -59,8 +59,13 @@ def one_thread() -> Iterator[None]:
 
 
 def setup(seed: int = 0) -> torch.device:
-    """The first code cell of every chapter: seed, pick the device, say what was chosen."""
+    """The first code cell of every chapter: seed, pick the device, say what was chosen.
+
+    In a student bundle it also makes the learner's answers take the place of the
+    package's stubs as soon as their cells run (:func:`install_answers`).
+    """
     seed_everything(seed)
+    _watch_learner_answers()
     device = pick_device()
     mode = "quick mode (COURSE_QUICK=1): experiments shrunk" if QUICK else "full mode"
     print(f"torch {torch.__version__} · device {device} · {mode} · seed {seed}")
@@ -147,23 +152,62 @@ def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | N
 
 
 LEARNER_EXERCISES = "__learner_exercises__"
+_STUBS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the bundle's stub
+_ANSWERS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the learner's answer in use
 
 
-def _learner_exercise(reference: Callable) -> bool:
-    """True when ``reference`` is an exercise left for the learner in this installation.
+def _bundle_stubs() -> Iterator[tuple[str, str, object]]:
+    """(module, exercise, stub) for the exercises that a student bundle left to the learner.
 
     A student bundle (``make student-bundle``) ships the chapters not yet due with their
     exercises as stubs, and lists those names in the module's ``__learner_exercises__``.
     """
-    module = sys.modules.get(getattr(reference, "__module__", ""))
-    return getattr(reference, "__name__", None) in getattr(module, LEARNER_EXERCISES, ())
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("minillm."):
+            for name in getattr(module, LEARNER_EXERCISES, ()):
+                yield module_name, name, _STUBS.setdefault((module_name, name), getattr(module, name))
 
 
-def _install(reference: Callable, learner: Callable) -> None:
-    """Put ``learner`` where every loaded minillm module holds the stub ``reference``."""
-    for name, module in list(sys.modules.items()):
-        if (name == "minillm" or name.startswith("minillm.")) and getattr(module, reference.__name__, None) is reference:
-            setattr(module, reference.__name__, learner)
+def _is_stub(reference) -> bool:
+    return any(stub is reference for _, _, stub in _bundle_stubs())
+
+
+def install_answers(namespace: Mapping[str, object]) -> list[str]:
+    """Put the learner's definitions in ``namespace`` where a student bundle has stubs.
+
+    Every minillm module that holds the stub (or an earlier answer) gets the learner's
+    function or class, so the package's own code runs on it. Returns the names installed.
+    Does nothing outside a student bundle.
+    """
+    installed = []
+    for module_name, name, stub in list(_bundle_stubs()):
+        answer = namespace.get(name)
+        previous = _ANSWERS.get((module_name, name), stub)
+        if answer is None or answer is stub or answer is previous:
+            continue
+        for other_name, module in list(sys.modules.items()):
+            if other_name.startswith("minillm.") and getattr(module, name, None) in (stub, previous):
+                setattr(module, name, answer)
+        _ANSWERS[(module_name, name)] = answer
+        installed.append(name)
+    return installed
+
+
+def _after_cell(result=None) -> None:
+    from IPython import get_ipython
+
+    install_answers(get_ipython().user_ns)
+
+
+def _watch_learner_answers() -> None:
+    """In a notebook, after every cell, :func:`install_answers` of the notebook's names."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and _after_cell not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _after_cell)
 
 
 def keep_going(name: str, learner: Callable, reference: Callable, check: Callable[[Callable], object]) -> Callable:
@@ -176,7 +220,7 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
     ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
     runs on it), and a failing one is returned anyway, with a message that says so.
     """
-    stub = _learner_exercise(reference)
+    stub = _is_stub(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
@@ -188,7 +232,7 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
         print(f"{name}: using the package's reference ({reason})")
         return reference
     if stub:
-        _install(reference, learner)
+        install_answers({reference.__name__: learner})
         print(f"{name}: using your implementation, also inside {reference.__module__}")
         return learner
     print(f"{name}: using your implementation")
