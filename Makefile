@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lab test train notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -16,6 +16,7 @@ help:
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
+	@echo "make student-bundle UPTO=04 [DUE=03]  what a graded class hands out, in dist/"
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
@@ -64,6 +65,11 @@ build: notebooks package release manifest
 
 check: $(STAMP)
 	$(BIN)/python -m coursebuild check
+
+# Learner notebooks 00..UPTO and a minillm complete only for the chapters due (by default
+# those before UPTO): dist/student-bundle-upto-NN/ and its zip. See docs/grading.md.
+student-bundle: $(STAMP)
+	$(BIN)/python -m coursebuild bundle --upto $(UPTO) $(if $(DUE),--due $(DUE))
 
 OUT  ?= graded
 JOBS ?= 1

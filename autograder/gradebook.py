@@ -9,7 +9,14 @@ export`` and formgrader (manual grading of written answers, overriding a score) 
 on that course directory as on any other.
 
 Only the batch's main process writes here, one submission at a time, so SQLite never sees
-two writers; re-grading a student updates the same rows (no duplicates).
+two writers; re-grading a student updates the same rows (no duplicates) and keeps every
+manual score and comment an instructor gave in formgrader.
+
+formgrader counts a student as graded only when the submission's time in the gradebook is
+the one in ``submitted/<student>/<chapter>/timestamp.txt`` (what ``nbgrader collect`` writes
+and ``nbgrader autograde`` copies); otherwise its per-student views show "not submitted",
+score 0. So each record writes that file too, or, in a folder ``nbgrader collect`` filled,
+takes the submission's time from it.
 """
 from __future__ import annotations
 
@@ -84,6 +91,8 @@ class CourseGradebook:
 
     def record(self, chapter, student: str, results: dict, notebook, timestamp: float | None = None) -> None:
         """Write one submission's scores (by grade_id) and its graded notebook."""
+        from .results import write_atomic
+
         self.ensure_assignment(chapter)
         target = self.root / "autograded" / student / chapter.slug / f"{chapter.slug}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +101,11 @@ class CourseGradebook:
             nbformat.write(notebook, temporary)
             temporary.replace(target)
         when = datetime.datetime.fromtimestamp(timestamp or 0, tz=datetime.timezone.utc) if timestamp else None
+        submitted = self.root / "submitted" / student / chapter.slug
+        stamp = submitted / "timestamp.txt"
+        collected = _collected_time(submitted)
+        if collected is not None:
+            when = collected
         scores = {t["name"]: t["score"] for t in results["tests"]}
         answered = {m["name"]: m.get("answered", False) for m in results["extra_data"].get("manual_grading", [])}
         solution_status = results["extra_data"].get("answers", {})
@@ -101,6 +115,7 @@ class CourseGradebook:
             gb.update_or_create_student(student)
             submission = gb.update_or_create_submission(
                 chapter.slug, student, **({"timestamp": when.isoformat()} if when else {}))
+            recorded = submission.timestamp
             del submission
             for cell in chapter.cells:
                 if cell.is_test:
@@ -117,12 +132,32 @@ class CourseGradebook:
                     comment = gb.find_comment(cell.grade_id, chapter.slug, chapter.slug, student)
                     comment.auto_comment = None if solution_status.get(cell.grade_id) == "answered" else "No response."
             gb.db.commit()
+        if collected is None:
+            submitted.mkdir(parents=True, exist_ok=True)
+            if recorded is None:
+                stamp.unlink(missing_ok=True)
+            else:
+                write_atomic(stamp, f"{recorded:%Y-%m-%d %H:%M:%S.%f} UTC")
 
     def scores(self, chapter_slug: str, student: str) -> dict[str, float | None]:
         """grade_id → score (manual when given, else automatic), as nbgrader computes it."""
         with self.gradebook() as gb:
             notebook = gb.find_submission_notebook(chapter_slug, chapter_slug, student)
             return {grade.name: grade.score for grade in notebook.grades}
+
+
+def _collected_time(folder: Path):
+    """The submission time in a folder ``nbgrader collect`` filled (a notebook beside its
+    ``timestamp.txt``; the grader writes only the latter), else None."""
+    from nbgrader.utils import parse_utc
+
+    stamp = folder / "timestamp.txt"
+    if not stamp.is_file() or not any(folder.glob("*.ipynb")):
+        return None
+    try:
+        return parse_utc(stamp.read_text().strip())
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def instructor_notebook(chapter, rebuilt, execution, results: dict) -> nbformat.NotebookNode:

@@ -29,24 +29,29 @@ def _body(cell) -> str:
     return "\n".join(line for line in lines if not MARKERS.match(line)).strip("\n")
 
 
-def modules(slugs: list[str]) -> dict[str, str]:
-    """Every generated module's path (relative to the repository) and its text."""
-    owners: dict[str, str] = {}
-    parts: dict[str, list[str]] = {}
+def exports(slugs: list[str], notebook_of=paths.solution_notebook) -> dict[str, tuple[str, list[str]]]:
+    """Every exported module's path (relative to the repository), its owning chapter and
+    the bodies of its export cells, in order, read from ``notebook_of(slug)``."""
+    found: dict[str, tuple[str, list[str]]] = {}
     for slug in slugs:
-        notebook = nbformat.read(paths.solution_notebook(slug), as_version=4)
+        notebook = nbformat.read(notebook_of(slug), as_version=4)
         for cell in notebook.cells:
             target = export_target(cell)
             if target is None:
                 continue
             if not re.fullmatch(r"minillm/[a-z_]+\.py", target):
                 raise ValueError(f"{slug}: export target {target!r} is not minillm/<name>.py")
-            if owners.setdefault(target, slug) != slug:
-                raise ValueError(f"{target} is exported by {owners[target]} and {slug}: one owner")
-            parts.setdefault(target, []).append(_body(cell))
+            owner, bodies = found.setdefault(target, (slug, []))
+            if owner != slug:
+                raise ValueError(f"{target} is exported by {owner} and {slug}: one owner")
+            bodies.append(_body(cell))
+    return found
+
+
+def modules(slugs: list[str]) -> dict[str, str]:
+    """Every generated module's path (relative to the repository) and its text."""
     texts = {}
-    for target, bodies in parts.items():
-        slug = owners[target]
+    for target, (slug, bodies) in exports(slugs).items():
         header = HEADER.format(
             notebook=f"solutions/{slug}/{slug}.ipynb", source=f"solutions/{slug}/{slug}.py"
         )

@@ -21,6 +21,12 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable, or not what the caller expected."""
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
     """Write ``state`` to ``path`` atomically; returns the path."""
     if not isinstance(state, dict):
@@ -28,9 +34,12 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
     try:
-        torch.save(state, tmp)
+        with os.fdopen(handle, "wb") as stream:
+            torch.save(state, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

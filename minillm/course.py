@@ -7,12 +7,15 @@
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
 - ``keep_going``: after an exercise, binds a new name to the learner's function when a
-  quick check passes, else to the package's reference, and says which.
+  quick check passes, else to the package's reference, and says which. In a student
+  bundle, where the reference of a chapter not yet due is a stub, a working answer takes
+  the stub's place in the package.
 """
 from __future__ import annotations
 
 import os
 import random
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
@@ -194,16 +197,50 @@ def expect_raises(
     raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix)
 
 
+LEARNER_EXERCISES = "__learner_exercises__"
+
+
+def _learner_exercise(reference: Callable) -> bool:
+    """True when ``reference`` is an exercise left for the learner in this installation.
+
+    A student bundle (``make student-bundle``) ships the chapters not yet due with their
+    exercises as stubs, and lists those names in the module's ``__learner_exercises__``.
+    """
+    module = sys.modules.get(getattr(reference, "__module__", ""))
+    return getattr(reference, "__name__", None) in getattr(module, LEARNER_EXERCISES, ())
+
+
+def _install(reference: Callable, learner: Callable) -> None:
+    """Put ``learner`` where every loaded minillm module holds the stub ``reference``."""
+    for name, module in list(sys.modules.items()):
+        if (name == "minillm" or name.startswith("minillm.")) and getattr(module, reference.__name__, None) is reference:
+            setattr(module, reference.__name__, learner)
+
+
 def keep_going(name: str, learner: Callable, reference: Callable, check: Callable[[Callable], object]) -> Callable:
     """``learner`` when ``check(learner)`` runs without error, else ``reference``.
 
     Later cells use the returned function, so a learner who is stuck can read on. The
     graded name is never rebound: grading always scores the learner's own function.
+
+    In a student bundle the reference of a chapter not yet due is a stub. Then a working
+    ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
+    runs on it), and a failing one is returned anyway, with a message that says so.
     """
+    stub = _learner_exercise(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
-        print(f"{name}: using the package's reference ({type(error).__name__}: {str(error)[:80]})")
+        reason = f"{type(error).__name__}: {str(error)[:80]}"
+        if stub:
+            print(f"{name}: not working yet ({reason}); this installation has no reference "
+                  f"for it, so the cells that use it wait for your answer")
+            return learner
+        print(f"{name}: using the package's reference ({reason})")
         return reference
+    if stub:
+        _install(reference, learner)
+        print(f"{name}: using your implementation, also inside {reference.__module__}")
+        return learner
     print(f"{name}: using your implementation")
     return learner

@@ -22,6 +22,18 @@ def test_round_trip_of_model_and_optimizer(tmp_path):
     assert state["optimizer"]["state"][0]["exp_avg"].shape == (2, 3)
 
 
+def test_a_saved_file_has_ordinary_permissions_and_no_leftovers(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        path = save_checkpoint(tmp_path / "ckpt.pt", {"step": 1})
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
 def test_random_generators_resume_exactly(tmp_path):
     torch.manual_seed(1)
     random.seed(1)

@@ -1,0 +1,121 @@
+"""`make student-bundle`: the learner notebooks handed out and a minillm complete only for
+the chapters due; nothing an instructor keeps private ships."""
+import ast
+import json
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from coursebuild import bundle, execute, paths
+
+from .test_release_safety import secret_lines
+
+UPTO, DUE, NOT_DUE = "02_embeddings", ["00_history", "01_tokenization"], "02_embeddings"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return bundle.build("02", tmp_path_factory.mktemp("dist"))
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_text(encoding="utf-8")
+        for p in folder.rglob("*") if p.is_file() and p.suffix in (".py", ".ipynb", ".md", ".json", ".toml", ".yml", "")
+    }
+
+
+def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
+    top = sorted(p.name for p in built.iterdir())
+    assert top == ["Makefile", "README.md", "bundle.json", "chapters", "data", "environment.yml", "minillm", "pyproject.toml"]
+    assert sorted(p.name for p in (built / "chapters").iterdir()) == [*DUE, NOT_DUE]
+    for slug in [*DUE, NOT_DUE]:
+        assert (built / "chapters" / slug / f"{slug}.ipynb").read_bytes() == paths.release_notebook(slug).read_bytes()
+    later = {"attention.py", "positional.py", "model.py", "train.py", "convert.py", "__main__.py"}
+    assert not later & {p.name for p in (built / "minillm").iterdir()}, "modules of later chapters ship"
+    manifest = json.loads((built / "bundle.json").read_text())
+    assert manifest["handed_out"] == [*DUE, NOT_DUE] and manifest["due"] == DUE
+
+
+def test_due_chapters_are_complete_and_the_others_are_stubs(built):
+    for module in ("history.py", "config.py", "tokenizer.py", "course.py", "data.py"):
+        assert (built / "minillm" / module).read_text() == (paths.PACKAGE / module).read_text()
+    stub = (built / "minillm" / "embedding.py").read_text()
+    exercises = ("one_hot_embed", "embedding_weight_grad", "nearest_neighbours", "pca_project")
+    assert f"__learner_exercises__ = {exercises!r}" in stub
+    functions = {node.name: node for node in ast.walk(ast.parse(stub)) if isinstance(node, ast.FunctionDef)}
+    for name in exercises:
+        last = functions[name].body[-1]
+        assert isinstance(last, ast.Raise) and ast.unparse(last.exc) == "NotImplementedError()", name
+    assert "class TokenEmbedding" in stub, "the chapter's given code ships"
+
+
+def test_no_solution_line_of_a_chapter_not_due_ships(built):
+    """No line that only the instructor may see ships, beyond what the learner notebooks
+    show anyway (a hidden test may share an import line with given code)."""
+    text = "\n".join(files_of(built).values())
+    assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
+    public = "\n".join(paths.release_notebook(slug).read_text() for slug in paths.present_slugs())
+    for slug, kinds in [*((slug, ("text", "notes")) for slug in DUE), (NOT_DUE, ("hidden", "text", "notes", "code"))]:
+        private = secret_lines(slug, kinds)
+        assert private, f"{slug} should have lines to keep private"
+        leaked = sorted(line for line in private if line in text and line not in public)
+        assert not leaked, f"{slug}: private lines ship: {leaked[:3]}"
+
+
+def test_zip_is_the_folder_and_byte_stable(built, tmp_path):
+    with zipfile.ZipFile(built.with_suffix(".zip")) as archive:
+        names = {name.split("/", 1)[1] for name in archive.namelist()}
+    assert names == {p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()}
+    again = bundle.build("02", tmp_path)
+    assert again.with_suffix(".zip").read_bytes() == built.with_suffix(".zip").read_bytes()
+    (again / "chapters" / "02_embeddings" / "mine.txt").write_text("rebuilt away")
+    bundle.build("02", tmp_path)
+    assert not (again / "chapters" / "02_embeddings" / "mine.txt").exists()
+
+
+def test_bad_arguments_and_a_foreign_folder(tmp_path):
+    with pytest.raises(ValueError, match="upto"):
+        bundle.plan("99")
+    with pytest.raises(ValueError, match="due"):
+        bundle.plan("01", due="02")
+    assert bundle.plan("00") == (["00_history"], [])
+    assert bundle.plan("02", due="none") == ([*DUE, NOT_DUE], [])
+    (tmp_path / "student-bundle-upto-01").mkdir()
+    (tmp_path / "student-bundle-upto-01" / "notes.txt").write_text("an instructor's file")
+    with pytest.raises(FileExistsError, match="not a student bundle"):
+        bundle.build("01", tmp_path)
+    assert (tmp_path / "student-bundle-upto-01" / "notes.txt").read_text() == "an instructor's file"
+
+
+def with_answers(slug: str):
+    """The learner notebook with every answer cell taken from the solution."""
+    answers = {
+        cell.metadata["nbgrader"]["grade_id"]: cell.source
+        for cell in nbformat.read(paths.solution_notebook(slug), as_version=4).cells
+        if cell.metadata.get("nbgrader", {}).get("solution")
+    }
+    notebook = nbformat.read(paths.release_notebook(slug), as_version=4)
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.cell_type == "code":
+            cell.source = answers[meta["grade_id"]]
+    return notebook
+
+
+@pytest.mark.notebooks
+def test_a_learner_with_right_answers_runs_the_chapter_on_the_bundle(built, monkeypatch):
+    """Visible tests pass and every cell runs, with only the bundle's minillm importable:
+    the keep-going cells put the learner's answers into the stub module."""
+    monkeypatch.setenv("PYTHONPATH", str(built))
+    notebook = with_answers(NOT_DUE)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell("import minillm; print(minillm.__file__)"))
+    execute.execute(notebook, built / "chapters" / NOT_DUE, quick=True)
+    outputs = "".join(
+        output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+    )
+    assert outputs.startswith(str(built / "minillm")), "the kernel imported another minillm"
+    assert outputs.count("using your implementation, also inside minillm.embedding") == 4
+    assert "package's reference" not in outputs
