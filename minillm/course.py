@@ -5,7 +5,7 @@
 - ``one_thread``: run a block on one CPU thread (small models and fair timings).
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
-  mistake, names that mistake.
+  mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
 - ``keep_going``: after an exercise, binds a new name to the learner's function when a
   quick check passes, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
@@ -17,7 +17,7 @@ import os
 import random
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -149,6 +149,57 @@ def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | N
     raise CheckFailed(
         f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else "")
     )
+
+
+def _call_text(call: Callable, args: tuple, kwargs: dict) -> str:
+    shown = [describe(a) if isinstance(a, torch.Tensor) else repr(a)[:60] for a in args]
+    shown += [f"{k}={describe(v) if isinstance(v, torch.Tensor) else repr(v)[:60]}" for k, v in kwargs.items()]
+    return f"{getattr(call, '__name__', None) or repr(call)[:60]}({', '.join(shown)})"
+
+
+def expect_raises(
+    error: type[BaseException] | tuple[type[BaseException], ...],
+    call: Callable,
+    *args: Any,
+    what: str | None = None,
+    match: str | None = None,
+    mistakes: Mapping[str, type[BaseException]] | None = None,
+    hint: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Fail unless ``call(*args, **kwargs)`` raises ``error`` (an exception class or a tuple of them).
+
+    ``what`` names the call in the message (default: the function's name and its arguments).
+    ``match``: text the error's message must contain, such as the name of the bad argument
+    (a plain substring, not a regular expression). An exception of another type propagates
+    unchanged, as from a plain call, unless it is an instance of a type in ``mistakes``
+    (a description of a known mistake → the exception type that mistake raises): then the
+    failure names that mistake.
+    """
+    def label() -> str:  # built only on failure: naming a grader's proxy of the call may cost a round trip
+        return what or _call_text(call, args, kwargs)
+
+    wanted = error if isinstance(error, tuple) else (error,)
+    expected = " or ".join(e.__name__ for e in wanted)
+    suffix = f". Hint: {hint}" if hint else ""
+    try:
+        result = call(*args, **kwargs)
+    except wanted as raised:
+        if match is not None and match not in str(raised):
+            raise CheckFailed(
+                f"{label()} raised {type(raised).__name__} as it should, but its message does not name "
+                f"{match!r}: {str(raised)[:200]}" + suffix
+            ) from raised
+        return
+    except Exception as other:
+        for mistake, kind in (mistakes or {}).items():
+            if isinstance(other, kind):
+                raise CheckFailed(
+                    f"{label()} must raise {expected}, got {type(other).__name__} ({str(other)[:80]}), "
+                    f"which matches a known mistake: {mistake}" + suffix
+                ) from other
+        raise
+    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix)
 
 
 LEARNER_EXERCISES = "__learner_exercises__"
