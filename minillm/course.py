@@ -219,8 +219,13 @@ def _bundle_stubs() -> Iterator[tuple[str, str, object]]:
                 yield module_name, name, _STUBS.setdefault((module_name, name), getattr(module, name))
 
 
-def _is_stub(reference) -> bool:
-    return any(stub is reference for _, _, stub in _bundle_stubs())
+def _bundle_module(reference) -> str | None:
+    """The module whose exercise ``reference`` is, when it is a bundle's stub or the
+    learner's answer already put in its place; else None."""
+    for module_name, name, stub in list(_bundle_stubs()):
+        if reference is stub or reference is _ANSWERS.get((module_name, name)):
+            return module_name
+    return None
 
 
 def install_answers(namespace: Mapping[str, object]) -> list[str]:
@@ -271,20 +276,20 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
     ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
     runs on it), and a failing one is returned anyway, with a message that says so.
     """
-    stub = _is_stub(reference)
+    module = _bundle_module(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
         reason = f"{type(error).__name__}: {str(error)[:80]}"
-        if stub:
+        if module:
             print(f"{name}: not working yet ({reason}); this installation has no reference "
                   f"for it, so the cells that use it wait for your answer")
             return learner
         print(f"{name}: using the package's reference ({reason})")
         return reference
-    if stub:
+    if module:
         install_answers({reference.__name__: learner})
-        print(f"{name}: using your implementation, also inside {reference.__module__}")
+        print(f"{name}: using your implementation, also inside {module}")
         return learner
     print(f"{name}: using your implementation")
     return learner

@@ -83,9 +83,18 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     assert course.keep_going("double", right, stub, check) is right
     assert stubbed.double is right and importer.double is right
     assert stubbed.twice(3) == 12, "the package's own code runs on the learner's answer"
+
+    def redone(x):
+        return x + x
+
+    assert course.install_answers({"double": redone, "twice": broken}) == ["double"]
+    assert stubbed.double is redone and importer.double is redone
+    assert stubbed.twice(3) == 12, "only the names the bundle lists are replaced"
+    assert course.keep_going("double", redone, redone, check) is redone
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("double: not working yet (CheckFailed") and "no reference" in out[0]
     assert out[1] == "double: using your implementation, also inside minillm.fake_chapter"
+    assert out[2] == "double: using your implementation, also inside minillm.fake_chapter"
 
 
 def test_seed_everything_reproduces_and_rejects_bad_seeds():
