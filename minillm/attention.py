@@ -9,9 +9,11 @@ Boolean masks mean what they mean in ``torch.nn.functional.scaled_dot_product_at
 A query whose every key is masked gets zero weights and a zero output, never NaN.
 
 Hooks for later chapters: ``MultiHeadAttention(rotary=...)`` takes a rotary position
-module (chapter 03), ``forward(..., kv_cache=...)`` takes a cache (chapter 09), and
-``register_attention_backend`` adds an attention kernel (chapter 10 registers "flash").
+module (chapter 03), ``forward(..., kv_cache=...)`` takes a cache (chapter 09; ``ConcatCache``
+is the smallest one), and ``register_attention_backend`` adds an attention kernel
+(chapter 10 registers "flash").
 """
+
 import math
 from typing import Callable, Protocol
 
@@ -317,3 +319,20 @@ class MultiHeadAttention(nn.Module):
         if self.causal:
             mask = _with_causal(mask, q, k)
         return scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]
+
+
+class ConcatCache:
+    """The smallest KV cache (a ``KVCacheLike``): keeps every key and value by concatenation.
+
+    ``update(k, v)`` appends k, v of shape (batch, n_kv_heads, new, head_dim) along the
+    sequence and returns all keys and values so far, (batch, n_kv_heads, cached + new,
+    head_dim). Chapter 09 builds a preallocated cache; this one serves as a reference.
+    """
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v

@@ -8,6 +8,7 @@ crash mid-write leaves the previous checkpoint intact. Loading uses
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import tempfile
@@ -64,6 +65,19 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = (), map
     if missing:
         raise CheckpointError(f"checkpoint {str(path)!r} lacks {missing}; it holds {sorted(state)}")
     return state
+
+
+def config_from_dict(cls: type, values: dict):
+    """The dataclass ``cls`` built from the dict ``dataclasses.asdict`` wrote into a checkpoint.
+
+    ``ValueError`` naming the keys that are not fields of ``cls`` (a checkpoint of another
+    version, or of something else); a missing key takes the field's default.
+    """
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}")
+    return cls(**values)
 
 
 def rng_state() -> dict:

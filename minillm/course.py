@@ -5,7 +5,7 @@
 - ``one_thread``: run a block on one CPU thread (small models and fair timings).
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
-  mistake, names that mistake.
+  mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
 - ``keep_going``: after an exercise, binds a new name to the learner's function when a
   quick check passes, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
@@ -17,7 +17,7 @@ import os
 import random
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -59,8 +59,13 @@ def one_thread() -> Iterator[None]:
 
 
 def setup(seed: int = 0) -> torch.device:
-    """The first code cell of every chapter: seed, pick the device, say what was chosen."""
+    """The first code cell of every chapter: seed, pick the device, say what was chosen.
+
+    In a student bundle it also makes the learner's answers take the place of the
+    package's stubs as soon as their cells run (:func:`install_answers`).
+    """
     seed_everything(seed)
+    _watch_learner_answers()
     device = pick_device()
     mode = "quick mode (COURSE_QUICK=1): experiments shrunk" if QUICK else "full mode"
     print(f"torch {torch.__version__} · device {device} · {mode} · seed {seed}")
@@ -146,24 +151,119 @@ def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | N
     )
 
 
+def _call_text(call: Callable, args: tuple, kwargs: dict) -> str:
+    shown = [describe(a) if isinstance(a, torch.Tensor) else repr(a)[:60] for a in args]
+    shown += [f"{k}={describe(v) if isinstance(v, torch.Tensor) else repr(v)[:60]}" for k, v in kwargs.items()]
+    return f"{getattr(call, '__name__', None) or repr(call)[:60]}({', '.join(shown)})"
+
+
+def expect_raises(
+    error: type[BaseException] | tuple[type[BaseException], ...],
+    call: Callable,
+    *args: Any,
+    what: str | None = None,
+    match: str | None = None,
+    mistakes: Mapping[str, type[BaseException]] | None = None,
+    hint: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Fail unless ``call(*args, **kwargs)`` raises ``error`` (an exception class or a tuple of them).
+
+    ``what`` names the call in the message (default: the function's name and its arguments).
+    ``match``: text the error's message must contain, such as the name of the bad argument
+    (a plain substring, not a regular expression). An exception of another type propagates
+    unchanged, as from a plain call, unless it is an instance of a type in ``mistakes``
+    (a description of a known mistake → the exception type that mistake raises): then the
+    failure names that mistake.
+    """
+    def label() -> str:  # built only on failure: naming a grader's proxy of the call may cost a round trip
+        return what or _call_text(call, args, kwargs)
+
+    wanted = error if isinstance(error, tuple) else (error,)
+    expected = " or ".join(e.__name__ for e in wanted)
+    suffix = f". Hint: {hint}" if hint else ""
+    try:
+        result = call(*args, **kwargs)
+    except wanted as raised:
+        if match is not None and match not in str(raised):
+            raise CheckFailed(
+                f"{label()} raised {type(raised).__name__} as it should, but its message does not name "
+                f"{match!r}: {str(raised)[:200]}" + suffix
+            ) from raised
+        return
+    except Exception as other:
+        for mistake, kind in (mistakes or {}).items():
+            if isinstance(other, kind):
+                raise CheckFailed(
+                    f"{label()} must raise {expected}, got {type(other).__name__} ({str(other)[:80]}), "
+                    f"which matches a known mistake: {mistake}" + suffix
+                ) from other
+        raise
+    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix)
+
+
 LEARNER_EXERCISES = "__learner_exercises__"
+_STUBS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the bundle's stub
+_ANSWERS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the learner's answer in use
 
 
-def _learner_exercise(reference: Callable) -> bool:
-    """True when ``reference`` is an exercise left for the learner in this installation.
+def _bundle_stubs() -> Iterator[tuple[str, str, object]]:
+    """(module, exercise, stub) for the exercises that a student bundle left to the learner.
 
     A student bundle (``make student-bundle``) ships the chapters not yet due with their
     exercises as stubs, and lists those names in the module's ``__learner_exercises__``.
     """
-    module = sys.modules.get(getattr(reference, "__module__", ""))
-    return getattr(reference, "__name__", None) in getattr(module, LEARNER_EXERCISES, ())
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("minillm."):
+            for name in getattr(module, LEARNER_EXERCISES, ()):
+                yield module_name, name, _STUBS.setdefault((module_name, name), getattr(module, name))
 
 
-def _install(reference: Callable, learner: Callable) -> None:
-    """Put ``learner`` where every loaded minillm module holds the stub ``reference``."""
-    for name, module in list(sys.modules.items()):
-        if (name == "minillm" or name.startswith("minillm.")) and getattr(module, reference.__name__, None) is reference:
-            setattr(module, reference.__name__, learner)
+def _bundle_module(reference) -> str | None:
+    """The module whose exercise ``reference`` is, when it is a bundle's stub or the
+    learner's answer already put in its place; else None."""
+    for module_name, name, stub in list(_bundle_stubs()):
+        if reference is stub or reference is _ANSWERS.get((module_name, name)):
+            return module_name
+    return None
+
+
+def install_answers(namespace: Mapping[str, object]) -> list[str]:
+    """Put the learner's definitions in ``namespace`` where a student bundle has stubs.
+
+    Every minillm module that holds the stub (or an earlier answer) gets the learner's
+    function or class, so the package's own code runs on it. Returns the names installed.
+    Does nothing outside a student bundle.
+    """
+    installed = []
+    for module_name, name, stub in list(_bundle_stubs()):
+        answer = namespace.get(name)
+        previous = _ANSWERS.get((module_name, name), stub)
+        if answer is None or answer is stub or answer is previous:
+            continue
+        for other_name, module in list(sys.modules.items()):
+            if other_name.startswith("minillm.") and getattr(module, name, None) in (stub, previous):
+                setattr(module, name, answer)
+        _ANSWERS[(module_name, name)] = answer
+        installed.append(name)
+    return installed
+
+
+def _after_cell(result=None) -> None:
+    from IPython import get_ipython
+
+    install_answers(get_ipython().user_ns)
+
+
+def _watch_learner_answers() -> None:
+    """In a notebook, after every cell, :func:`install_answers` of the notebook's names."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and _after_cell not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _after_cell)
 
 
 def keep_going(name: str, learner: Callable, reference: Callable, check: Callable[[Callable], object]) -> Callable:
@@ -176,20 +276,20 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
     ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
     runs on it), and a failing one is returned anyway, with a message that says so.
     """
-    stub = _learner_exercise(reference)
+    module = _bundle_module(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
         reason = f"{type(error).__name__}: {str(error)[:80]}"
-        if stub:
+        if module:
             print(f"{name}: not working yet ({reason}); this installation has no reference "
                   f"for it, so the cells that use it wait for your answer")
             return learner
         print(f"{name}: using the package's reference ({reason})")
         return reference
-    if stub:
-        _install(reference, learner)
-        print(f"{name}: using your implementation, also inside {reference.__module__}")
+    if module:
+        install_answers({reference.__name__: learner})
+        print(f"{name}: using your implementation, also inside {module}")
         return learner
     print(f"{name}: using your implementation")
     return learner

@@ -13,7 +13,7 @@ Hook for chapter 09: ``forward(ids, kv_cache=cache)`` takes a model-wide cache w
 ``length`` (positions already cached) and ``layer(i)``, the ``KVCacheLike`` of block i.
 """
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from minillm.attention import KVCacheLike, get_attention_backend
 from minillm.block import TransformerBlock
+from minillm.checkpoint import config_from_dict
 from minillm.config import ModelConfig
 from minillm.embedding import TokenEmbedding
 from minillm.ffn import FFN_REGISTRY
@@ -85,11 +86,7 @@ class GPTConfig(ModelConfig):
     @classmethod
     def from_dict(cls, values: dict) -> "GPTConfig":
         """The config ``to_dict`` wrote; ``ValueError`` naming unknown keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTConfig fields {unknown}")
-        return cls(**values)
+        return config_from_dict(cls, values)
 
 
 class ModelCacheLike(Protocol):

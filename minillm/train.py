@@ -15,7 +15,7 @@
 - ``DEFAULT_RECIPE``, ``load_pretrained``: the model ``make train`` trains and ships.
 """
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minillm import data
-from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from minillm.ffn import swiglu_hidden_size
 from minillm.model import GPT, IGNORE_INDEX, GPTConfig
 from minillm.tokenizer import BPETokenizer
@@ -235,11 +235,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}")
-        return cls(**values)
+        """The config ``asdict`` wrote; ``ValueError`` naming unknown keys."""
+        return config_from_dict(cls, values)
 
 
 def save_model(path, model: GPT, **extra) -> None:

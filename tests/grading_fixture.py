@@ -112,6 +112,20 @@ def write(data: dict | str | bytes, path: Path) -> Path:
     return path
 
 
+def processes_mentioning(path: str | os.PathLike) -> list[str]:
+    """The command lines of the running processes that mention ``path`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(path) in cmdline:
+                found.append(cmdline)
+    return found
+
+
 def cell_of(data: dict, grade_id: str) -> dict:
     for cell in data["cells"]:
         if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:

@@ -325,18 +325,17 @@ def test_mha_rejects_bad_input():
 
 # ---------------------------------------------------------------- hooks: KV cache, rotary, backends
 
-class ConcatCache:
-    """A minimal cache for the hook: concatenates, and checks the shapes it is given."""
+class CheckedCache(attention.ConcatCache):
+    """The package's concatenating cache, checking the shapes the layer gives it."""
 
     def __init__(self, n_kv_heads, head_dim):
+        super().__init__()
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
-        self.k = self.v = None
 
     def update(self, k, v):
         assert k.shape[1:] == (self.n_kv_heads, k.shape[2], self.head_dim) and v.shape == k.shape
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
+        return super().update(k, v)
+
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -346,7 +345,7 @@ def test_cached_incremental_decoding_equals_full_recomputation(n_kv_heads, backe
     torch.manual_seed(4)
     layer = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, causal=causal, backend=backend).double().eval()
     x = randn(2, 10, 32)
-    cache = ConcatCache(n_kv_heads, 8)
+    cache = CheckedCache(n_kv_heads, 8)
     chunks = [(0, 4), (4, 5), (5, 8), (8, 9), (9, 10)]  # a prompt, then single tokens and a chunk
     pieces = [layer(x[:, a:b], kv_cache=cache) for a, b in chunks]
     if causal:
@@ -361,7 +360,7 @@ def test_cache_with_a_padding_mask_over_all_keys():
     layer = MultiHeadAttention(16, 2, causal=True).double().eval()
     x = randn(1, 6, 16)
     keep = torch.tensor([True, False, True, True, True, True])  # key 1 is padding
-    cache = ConcatCache(2, 8)
+    cache = CheckedCache(2, 8)
     layer(x[:, :5], mask=keep[:5], kv_cache=cache)
     last = layer(x[:, 5:], mask=keep, kv_cache=cache)
     torch.testing.assert_close(last, layer(x, mask=keep)[:, 5:])
@@ -408,7 +407,7 @@ def test_rotary_with_cache_needs_positions_and_then_equals_full():
     torch.manual_seed(7)
     layer = MultiHeadAttention(32, 4, n_kv_heads=2, causal=True, rotary=rope).double().eval()
     x = randn(1, 7, 32)
-    cache = ConcatCache(2, 8)
+    cache = CheckedCache(2, 8)
     first = layer(x[:, :4], positions=torch.arange(4), kv_cache=cache)
     with pytest.raises(ValueError, match="positions"):
         layer(x[:, 4:5], kv_cache=cache)
@@ -471,7 +470,7 @@ def test_backends_agree_on_gpu(dtype):
         reference = layer(x)
         layer.backend = "sdpa"
         torch.testing.assert_close(layer(x), reference, atol=2e-2, rtol=2e-2)
-        cache = ConcatCache(2, 16)
+        cache = CheckedCache(2, 16)
         pieces = [layer(x[:, :60], kv_cache=cache)] + [layer(x[:, t:t + 1], kv_cache=cache) for t in range(60, 64)]
         torch.testing.assert_close(torch.cat(pieces, dim=1), reference, atol=2e-2, rtol=2e-2)
 
@@ -490,7 +489,7 @@ def test_kv_cache_bytes_known_values():
 def test_kv_cache_bytes_equals_a_real_cache():
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
     layers = [MultiHeadAttention(32, 4, n_kv_heads=2, causal=True) for _ in range(cfg.n_layers)]
-    caches = [ConcatCache(2, 8) for _ in layers]
+    caches = [CheckedCache(2, 8) for _ in layers]
     x = torch.randn(3, 11, 32)
     for layer, cache in zip(layers, caches):
         layer(x, kv_cache=cache)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minillm.attention import MultiHeadAttention
+from minillm.attention import ConcatCache, MultiHeadAttention
 from minillm.block import EncoderLayer, TransformerBlock, input_gradients
 from minillm.config import ModelConfig, block_parameters
 from minillm.ffn import FeedForward, SwiGLU
@@ -254,16 +254,6 @@ def test_block_is_causal(placement):
     before, after = block(x), block(changed)
     torch.testing.assert_close(after[:, :5], before[:, :5], atol=0, rtol=0)
     assert not torch.allclose(after[:, 5:], before[:, 5:], atol=1e-3)
-
-
-class ConcatCache:
-    def __init__(self):
-        self.k = self.v = None
-
-    def update(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
 
 
 def rotate_half_rope(theta: float = 10000.0):

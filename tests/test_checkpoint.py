@@ -1,10 +1,11 @@
 """minillm.checkpoint: atomic saves, clear errors, exact random-generator restore."""
+import dataclasses
 import random
 
 import pytest
 import torch
 
-from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 
 def test_round_trip_of_model_and_optimizer(tmp_path):
@@ -81,3 +82,15 @@ def test_loading_never_runs_code(tmp_path):
     torch.save({"x": Exploit()}, path)
     with pytest.raises(CheckpointError, match="corrupt"):
         load_checkpoint(path)
+
+
+def test_config_from_dict_rebuilds_the_dataclass_and_names_unknown_keys():
+    @dataclasses.dataclass(frozen=True)
+    class Shape:
+        width: int = 4
+        depth: int = 2
+
+    assert config_from_dict(Shape, dataclasses.asdict(Shape(8, 3))) == Shape(8, 3)
+    assert config_from_dict(Shape, {"width": 5}) == Shape(5, 2)
+    with pytest.raises(ValueError, match=r"unknown Shape fields \['colour', 'height'\]"):
+        config_from_dict(Shape, {"width": 5, "height": 1, "colour": "red"})

@@ -83,9 +83,18 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     assert course.keep_going("double", right, stub, check) is right
     assert stubbed.double is right and importer.double is right
     assert stubbed.twice(3) == 12, "the package's own code runs on the learner's answer"
+
+    def redone(x):
+        return x + x
+
+    assert course.install_answers({"double": redone, "twice": broken}) == ["double"]
+    assert stubbed.double is redone and importer.double is redone
+    assert stubbed.twice(3) == 12, "only the names the bundle lists are replaced"
+    assert course.keep_going("double", redone, redone, check) is redone
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("double: not working yet (CheckFailed") and "no reference" in out[0]
     assert out[1] == "double: using your implementation, also inside minillm.fake_chapter"
+    assert out[2] == "double: using your implementation, also inside minillm.fake_chapter"
 
 
 def test_seed_everything_reproduces_and_rejects_bad_seeds():
@@ -111,3 +120,42 @@ def test_one_thread_restores_the_setting_even_after_an_error():
             assert torch.get_num_threads() == 1
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+def _reject_negative(n, *, name="n"):
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
+
+
+def test_expect_raises_passes_when_the_expected_error_is_raised():
+    assert course.expect_raises(ValueError, _reject_negative, -1, name="count", match="count") is None
+    course.expect_raises((TypeError, ValueError), _reject_negative, -2)
+    course.expect_raises(LookupError, {}.__getitem__, 3)  # a subclass counts, as with except
+
+
+def test_expect_raises_fails_naming_the_call_when_nothing_is_raised():
+    with pytest.raises(course.CheckFailed, match=r"^_reject_negative\(3\) must raise ValueError, but it returned int 3$"):
+        course.expect_raises(ValueError, _reject_negative, 3)
+    with pytest.raises(course.CheckFailed, match=r"^a count of 3 must raise TypeError or ValueError, .*\. Hint: negative"):
+        course.expect_raises((TypeError, ValueError), _reject_negative, 3, what="a count of 3", hint="negative")
+    with pytest.raises(course.CheckFailed, match=r"^add\(tensor of shape \(2,\), dtype torch.int64, 1, alpha=2\) must"):
+        course.expect_raises(ValueError, torch.add, torch.tensor([1, 2]), 1, alpha=2)
+
+
+def test_expect_raises_checks_that_the_message_names_the_argument():
+    with pytest.raises(course.CheckFailed, match="raised ValueError as it should, but its message does not name 'size'"):
+        course.expect_raises(ValueError, _reject_negative, -1, match="size")
+
+
+def test_expect_raises_lets_another_error_through_unless_it_is_a_known_mistake():
+    with pytest.raises(KeyError):  # unchanged, so NotImplementedError and the grader's own errors stay visible
+        course.expect_raises(ValueError, {}.__getitem__, 3)
+    with pytest.raises(NotImplementedError):
+        course.expect_raises(ValueError, _not_implemented)
+    with pytest.raises(course.CheckFailed, match="must raise ValueError, got KeyError .*known mistake: the lookup's KeyError"):
+        course.expect_raises(ValueError, {}.__getitem__, 3, mistakes={"the lookup's KeyError escapes": KeyError})
+
+
+def _not_implemented(*args):
+    raise NotImplementedError()

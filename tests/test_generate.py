@@ -4,7 +4,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from minillm.attention import ConcatCache
 from minillm.generate import generate, generate_text
+
 from minillm.model import GPT, GPTConfig
 
 
@@ -24,19 +26,10 @@ class BigramModel(torch.nn.Module):
 
 
 class ListCache:
-    """The simplest model-wide KV cache: per layer, keys and values concatenated along the sequence."""
-
-    class Layer:
-        def __init__(self):
-            self.k = self.v = None
-
-        def update(self, k, v):
-            self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-            self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-            return self.k, self.v
+    """The simplest model-wide KV cache: per layer, the package's ``ConcatCache``."""
 
     def __init__(self, n_layers):
-        self.layers = [self.Layer() for _ in range(n_layers)]
+        self.layers = [ConcatCache() for _ in range(n_layers)]
 
     @property
     def length(self):

@@ -76,19 +76,6 @@ def test_check_refuses_an_unknown_target(tmp_path):
     assert run.returncode == 2 and "argument NOTEBOOK|CHAPTER" in run.stderr
 
 
-def _processes_mentioning(path: Path) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if str(path) in cmdline:
-                found.append(cmdline)
-    return found
-
-
 def _gradebook_rows(course: Path) -> list[tuple]:
     with sqlite3.connect(course / "gradebook.db") as db:
         return list(db.execute(
@@ -132,7 +119,7 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
         summary = list(csv.DictReader(stream))
     assert len(summary) == 3 and {row["status"] for row in summary} == {"graded"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(("mg-", "mj-"))], "the killed run's sandbox is swept"
-    assert not _processes_mentioning(tmp_path), "the killed run's kernel and judge died with it"
+    assert not fx.processes_mentioning(tmp_path), "the killed run's kernel and judge died with it"
 
     forced = subprocess.run(command + ["--force"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert forced.returncode == 0, forced.stderr

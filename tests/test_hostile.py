@@ -350,13 +350,4 @@ def test_broken_and_foreign_notebooks_score_zero_with_a_reason(corpus):
 def test_no_process_or_file_is_left_behind(corpus):
     scratch = str(corpus["scratch"])
     assert list(Path(scratch).iterdir()) == []
-    leftovers = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if scratch in cmdline:
-                leftovers.append(cmdline)
-    assert not leftovers
+    assert not fx.processes_mentioning(scratch)

@@ -1,5 +1,6 @@
 """minillm.train: schedule, weight-decay groups, batches, the held-out loss, exact resume, checkpoints."""
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -229,3 +230,10 @@ def test_checkpoint_errors(tmp_path):
 def test_bad_train_config(kwargs, name):
     with pytest.raises(ValueError, match=name):
         TrainConfig(**kwargs)
+
+
+def test_train_config_round_trips_through_a_dict_and_names_unknown_keys():
+    config = TrainConfig(steps=40, batch_size=4, warmup_steps=3, lr=1e-2)
+    assert TrainConfig.from_dict(asdict(config)) == config
+    with pytest.raises(ValueError, match=r"unknown TrainConfig fields \['epochs'\]"):
+        TrainConfig.from_dict({**asdict(config), "epochs": 3})

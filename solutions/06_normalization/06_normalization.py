@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minillm import course
-from minillm.attention import MultiHeadAttention
+from minillm.attention import ConcatCache, MultiHeadAttention
 from minillm.config import ModelConfig, block_parameters, norm_parameters
 from minillm.data import corpus_text, split_corpus
 from minillm.ffn import FeedForward, build_ffn
@@ -1446,18 +1446,6 @@ for label in RUNS:
 # 3. **Bad input** gets an error that names what is wrong.
 
 # %%
-class ConcatCache:
-    """The smallest KV cache: keeps every key and value by concatenation (chapter 09 builds a real one)."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def update(self, k: torch.Tensor, v: torch.Tensor):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-
 torch.manual_seed(0)
 decoder = reference_block.TransformerBlock(32, 4, 128).eval()
 x = torch.randn(2, 9, 32)
@@ -1465,7 +1453,7 @@ changed = x.clone()
 changed[:, -1] += 1.0
 with torch.no_grad():
     before, after = decoder(x), decoder(changed)
-    cache = ConcatCache()
+    cache = ConcatCache()  # chapter 04's smallest KV cache (chapter 09 builds a real one)
     one_by_one = torch.cat([decoder(x[:, t:t + 1], kv_cache=cache) for t in range(9)], dim=1)
 print(f"changed the last token: earlier outputs moved by {(after - before)[:, :-1].abs().max().item():.1e}, "
       f"the last by {(after - before)[:, -1].abs().max().item():.2f}")

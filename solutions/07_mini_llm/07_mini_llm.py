@@ -94,7 +94,7 @@ Hook for chapter 09: ``forward(ids, kv_cache=cache)`` takes a model-wide cache w
 ``length`` (positions already cached) and ``layer(i)``, the ``KVCacheLike`` of block i.
 """
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import torch
@@ -103,6 +103,7 @@ from torch import nn
 
 from minillm.attention import KVCacheLike, get_attention_backend
 from minillm.block import TransformerBlock
+from minillm.checkpoint import config_from_dict
 from minillm.config import ModelConfig
 from minillm.embedding import TokenEmbedding
 from minillm.ffn import FFN_REGISTRY
@@ -172,11 +173,7 @@ class GPTConfig(ModelConfig):
     @classmethod
     def from_dict(cls, values: dict) -> "GPTConfig":
         """The config ``to_dict`` wrote; ``ValueError`` naming unknown keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTConfig fields {unknown}")
-        return cls(**values)
+        return config_from_dict(cls, values)
 
 # %% [markdown]
 # Now the model. Three details deserve a look before you read it:
@@ -476,7 +473,7 @@ plt.show()
 - ``DEFAULT_RECIPE``, ``load_pretrained``: the model ``make train`` trains and ships.
 """
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -485,7 +482,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minillm import data
-from minillm.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from minillm.ffn import swiglu_hidden_size
 from minillm.model import GPT, IGNORE_INDEX, GPTConfig
 from minillm.tokenizer import BPETokenizer
@@ -1008,11 +1005,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}")
-        return cls(**values)
+        """The config ``asdict`` wrote; ``ValueError`` naming unknown keys."""
+        return config_from_dict(cls, values)
 
 
 def save_model(path, model: GPT, **extra) -> None:
