@@ -201,6 +201,8 @@ class Remote:
         if frames and isinstance(frames[-1], dict):
             frame = frames[-1]
             where = f" (in {str(frame.get('name'))[:80]}, line {frame.get('line')}: {str(frame.get('code'))[:200]})"
+        if name == "InPlaceModification":
+            raise student_exception(name, f"your {label}: {message}")
         if name == "NotImplementedError":
             raise student_exception(name, f"{label} is not implemented yet (it raises NotImplementedError)")
         raise student_exception(name, f"your {label} raised {name}: {message}{where}")

@@ -22,6 +22,32 @@ def _safe_str(value, limit=MAX_MESSAGE):
     return text[:limit]
 
 
+class InPlaceModification(Exception):
+    """A learner's function changed a tensor it was given."""
+
+
+def _tensor_arguments(args, kwargs):
+    """(description, tensor) for every tensor passed directly as an argument."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    found = [(f"its argument {index + 1}", value) for index, value in enumerate(args)]
+    found += [(f"its argument {name}=", value) for name, value in kwargs.items()]
+    return [(where, value) for where, value in found if isinstance(value, torch.Tensor)]
+
+
+def _unchanged(tensor, before) -> bool:
+    torch = sys.modules["torch"]
+    if tensor.shape != before.shape or tensor.dtype != before.dtype:
+        return False
+    if torch.equal(tensor, before):
+        return True
+    same = tensor == before
+    if tensor.is_floating_point() or tensor.is_complex():
+        same |= tensor.isnan() & before.isnan()
+    return bool(same.all())
+
+
 class Server:
     def __init__(self, wire, namespace, req_dir, rep_dir):
         self.wire, self.ns, self.req, self.rep = wire, namespace, req_dir, rep_dir
@@ -88,7 +114,16 @@ class Server:
             return {name: self.describe(name) for name in request["names"]}
         target = self.target(request)
         if op == "call":
-            return target(*request.get("args", []), **request.get("kwargs", {}))
+            args, kwargs = request.get("args", []), request.get("kwargs", {})
+            inputs = _tensor_arguments(args, kwargs)
+            kept = [(where, tensor, tensor.detach().clone()) for where, tensor in inputs]
+            value = target(*args, **kwargs)
+            changed = [where for where, tensor, before in kept if not _unchanged(tensor, before)]
+            if changed:
+                raise InPlaceModification(
+                    f"it changed {', '.join(changed)} in place; the function must leave its inputs "
+                    f"unchanged and return a new tensor (clone first, or use out-of-place operations)")
+            return value
         if op == "getattr":
             return getattr(target, request["attr"])
         if op == "setattr":

@@ -162,6 +162,9 @@ def scale(x, factor):
                                 "        children.append(subprocess.Popen(['sleep', '600']))\nexcept OSError as error:\n"
                                 "    print('stopped after', len(children), type(error).__name__)\n" + WRONG_SCALE,
                        "count_weights": WRONG_COUNT}, None, 0, None),
+        # Right values, but the caller's tensor is changed: the judge's copy would never see it.
+        "in_place": ({"scale": "def scale(x, factor):\n    return x.mul_(factor)\n", "count_weights": RIGHT_COUNT},
+                     None, 3, None),
         "big_file": ({"scale": "try:\n    with open('big.bin', 'wb') as f:\n        for _ in range(64):\n"
                                "            f.write(b'0' * 2**20)\nexcept OSError as error:\n    print('file:', error)\n"
                                + WRONG_SCALE, "count_weights": WRONG_COUNT}, None, 0, None),
@@ -225,7 +228,7 @@ def flags(outcome) -> set:
 CASES = ["allclose", "lying_tensor", "custom_exc", "input_transformer", "kernel_hooks", "os_exit", "exit_in_call",
          "sigint_loop", "sigint_call", "memory_bomb", "huge_output", "read_hidden", "write_gradebook",
          "tests_tampered", "tests_deleted_honest", "grade_ids", "fake_pass", "nbgrader_env", "reference_import",
-         "network", "fork_bomb", "big_file", "honest"]
+         "network", "fork_bomb", "big_file", "in_place", "honest"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -251,6 +254,13 @@ def test_patched_comparisons_and_lying_values_do_not_reach_the_checks(corpus):
     for name in ("allclose", "lying_tensor", "kernel_hooks", "custom_exc"):
         reasons = " ".join(t["output"] for t in corpus["results"][name]["tests"])
         assert "wrong values" in reasons or "expected" in reasons or "raised" in reasons, (name, reasons)
+
+
+def test_a_function_that_changes_its_input_in_place_is_caught(corpus):
+    outcome = corpus["results"]["in_place"]
+    scale_tests = [t for t in outcome["tests"] if t["name"].startswith("scale")]
+    assert scale_tests and all(t["score"] == 0 for t in scale_tests)
+    assert all("changed its argument 1 in place" in t["output"] for t in scale_tests), scale_tests
 
 
 def test_a_kernel_that_exits_or_hangs_is_stopped_and_reported(corpus):
