@@ -45,10 +45,14 @@ class ModelConfig:
     pooler: bool = False
 
     def __post_init__(self):
-        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff",
+                     "n_decoder_layers", "n_token_types"):
+            value, least = getattr(self, name), 0 if name in ("n_decoder_layers", "n_token_types") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        for name in ("bias", "tie_embeddings", "final_norm", "embedding_norm", "pooler"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -56,7 +60,8 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+        if (isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
+                or self.n_heads % self.n_kv_heads):
             raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         if (self.architecture == "encoder-decoder") != (self.n_decoder_layers > 0):
             raise ValueError("n_decoder_layers must be > 0 exactly when architecture is 'encoder-decoder', "
@@ -126,7 +131,8 @@ GPT2_SIZES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large"
 
 
 def _gpt2(name: str, d: int, layers: int, heads: int, context: int = 1024) -> ModelConfig:
-    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context)
+    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context,
+                       ffn="gelu_tanh")
 
 
 PRESETS = {
@@ -135,14 +141,14 @@ PRESETS = {
         d_ff=2048, architecture="encoder-decoder", n_decoder_layers=6, positions="sinusoidal",
         norm_placement="post", ffn="relu"),
     "gpt1": ModelConfig(
-        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False),
+        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False, ffn="gelu_tanh"),
     "bert-base": ModelConfig(
         name="bert-base", vocab_size=30522, context_length=512, architecture="encoder", norm_placement="post",
         final_norm=False, embedding_norm=True, n_token_types=2, pooler=True),
     **{name: _gpt2(name, *shape) for name, shape in GPT2_SIZES.items()},
     "gpt3-175b": _gpt2("gpt3-175b", 12288, 96, 96, context=2048),
     "llama-7b": ModelConfig(
-        name="llama-7b", vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+        name="llama-7b", vocab_size=32000, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
         d_ff=11008, positions="rope", norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=False),
 }
 

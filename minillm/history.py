@@ -10,12 +10,19 @@ def rnn_forward(x: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor, b_h: to
 
     x: (batch, seq, d_in); W_xh: (d_hidden, d_in); W_hh: (d_hidden, d_hidden); b_h: (d_hidden,).
     Returns every hidden state, (batch, seq, d_hidden), in x's dtype, with h_0 = 0 and
-    h_t = tanh(W_xh x_t + W_hh h_{t-1} + b_h).
+    h_t = tanh(W_xh x_t + W_hh h_{t-1} + b_h). Shapes that do not fit raise ValueError.
     """
     if x.dim() != 3:
         raise ValueError(f"x must have shape (batch, seq, d_in), got {tuple(x.shape)}")
-    batch, seq_len, _ = x.shape
-    h = x.new_zeros(batch, W_hh.shape[0])
+    batch, seq_len, d_in = x.shape
+    d_hidden = W_hh.shape[0]
+    if W_hh.shape != (d_hidden, d_hidden):
+        raise ValueError(f"W_hh must be square, (d_hidden, d_hidden), got {tuple(W_hh.shape)}")
+    if W_xh.shape != (d_hidden, d_in):
+        raise ValueError(f"W_xh must have shape (d_hidden, d_in) = {(d_hidden, d_in)}, got {tuple(W_xh.shape)}")
+    if b_h.shape != (d_hidden,):
+        raise ValueError(f"b_h must have shape (d_hidden,) = {(d_hidden,)}, got {tuple(b_h.shape)}")
+    h = x.new_zeros(batch, d_hidden)
     states = []
     for t in range(seq_len):
         h = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b_h)
@@ -26,8 +33,11 @@ def rnn_forward(x: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor, b_h: to
 def self_attention(x: torch.Tensor) -> torch.Tensor:
     """Parameter-free scaled dot-product self-attention.
 
-    x: (batch, seq, d). Returns softmax(x x^T / sqrt(d)) x, shape (batch, seq, d).
+    x: (batch, seq, d), or more generally (..., seq, d). Returns softmax(x x^T / sqrt(d)) x,
+    of x's shape, with the softmax over the keys (the last axis of the scores).
     """
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (batch, seq, d), got {tuple(x.shape)}")
     d = x.shape[-1]
     scores = x @ x.transpose(-2, -1) / d**0.5
     return torch.softmax(scores, dim=-1) @ x

@@ -1,24 +1,30 @@
 """minillm.config: exact parameter counts, checked against models built by other libraries."""
+from dataclasses import replace
+
 import pytest
 import torch
 
-from minillm.config import PRESETS, ModelConfig, attention_parameters, count_parameters, ffn_parameters
+from minillm.config import (
+    PRESETS, PUBLISHED, GPT2_SIZES, ModelConfig, attention_parameters, block_parameters, count_parameters,
+    ffn_parameters, norm_parameters,
+)
 
-transformers = pytest.importorskip("transformers")
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers", reason="transformers is a test dependency of the course")
 
 
 def n_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() counts tied weights once
 
 
-def gpt2_config(cfg: ModelConfig):
-    return transformers.GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
-        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
-    )
+def linears(shapes, bias: bool) -> int:
+    """Parameters of torch.nn.Linear(i, o) for each (i, o), on the meta device."""
+    return sum(n_parameters(torch.nn.Linear(i, o, bias=bias, device="meta")) for i, o in shapes)
 
 
-def built(name: str) -> torch.nn.Module:
+def built(name: str, transformers) -> torch.nn.Module:
     """The preset's model, built on the meta device by an independent implementation."""
     cfg = PRESETS[name]
     with torch.device("meta"):
@@ -37,12 +43,14 @@ def built(name: str) -> torch.nn.Module:
                 vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
                 num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                 max_position_embeddings=cfg.context_length))
-        return transformers.GPT2LMHeadModel(gpt2_config(cfg))
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
+            n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff))
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
-def test_count_equals_built_model(name):
-    assert count_parameters(PRESETS[name]) == n_parameters(built(name))
+def test_count_equals_built_model(name, transformers):
+    assert count_parameters(PRESETS[name]) == n_parameters(built(name, transformers))
 
 
 def test_gpt2_small_known_value():
@@ -50,8 +58,24 @@ def test_gpt2_small_known_value():
     assert count_parameters(PRESETS["gpt2"]) == 124_439_808
 
 
+def test_published_gpt2_sizes_are_counts_with_gpt1_vocabulary():
+    # The chapter's explanation of GPT-2's published sizes: counted with GPT-1's vocabulary,
+    # every size rounds to the published figure, while the real vocabulary never does.
+    for name in GPT2_SIZES:
+        published = PUBLISHED[name][1]
+        old_vocabulary = replace(PRESETS[name], vocab_size=PRESETS["gpt1"].vocab_size)
+        assert round(count_parameters(old_vocabulary) / 1e6) == published / 1e6, name
+        assert round(count_parameters(PRESETS[name]) / 1e6) != published / 1e6, name
+
+
+def test_every_preset_has_a_published_figure():
+    assert set(PUBLISHED) == set(PRESETS)
+    for name, (year, figure) in PUBLISHED.items():
+        assert 2017 <= year <= 2023 and 0.9 < count_parameters(PRESETS[name]) / figure < 1.1, name
+
+
 @pytest.mark.parametrize("kv_heads", [1, 2, 8])
-def test_grouped_query_attention_matches_llama(kv_heads):
+def test_grouped_query_attention_matches_llama(kv_heads, transformers):
     config = ModelConfig(vocab_size=1000, d_model=256, n_layers=2, n_heads=8, n_kv_heads=kv_heads, d_ff=688,
                          positions="rope", norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=False)
     with torch.device("meta"):
@@ -61,11 +85,60 @@ def test_grouped_query_attention_matches_llama(kv_heads):
     assert count_parameters(config) == n_parameters(model)
 
 
-def test_attention_and_ffn_against_torch_modules():
-    config = ModelConfig(d_model=64, n_heads=4, d_ff=256)
-    assert attention_parameters(config) == n_parameters(torch.nn.MultiheadAttention(64, 4))
-    ffn = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-    assert ffn_parameters(config) == n_parameters(ffn)
+def test_bert_style_model_matches_transformers(transformers):
+    config = ModelConfig(vocab_size=1000, context_length=128, d_model=64, n_layers=2, n_heads=4, d_ff=256,
+                         architecture="encoder", norm_placement="post", final_norm=False, embedding_norm=True,
+                         n_token_types=2, pooler=True)
+    with torch.device("meta"):
+        model = transformers.BertModel(transformers.BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+            max_position_embeddings=128, type_vocab_size=2))
+    assert count_parameters(config) == n_parameters(model) == 176_576  # the chapter's visible test uses this value
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("d, h, kv", [(64, 4, 4), (96, 6, 2), (128, 8, 1)])
+def test_attention_parameters_against_linear_layers(d, h, kv, bias):
+    config = ModelConfig(d_model=d, n_heads=h, n_kv_heads=kv, d_ff=4 * d, bias=bias)
+    kv_width = kv * d // h
+    assert attention_parameters(config) == linears([(d, d), (d, kv_width), (d, kv_width), (d, d)], bias)
+    if kv == h:
+        assert attention_parameters(config) == n_parameters(torch.nn.MultiheadAttention(d, h, bias=bias, device="meta"))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("ffn", ["gelu", "gelu_tanh", "relu", "swiglu"])
+def test_ffn_parameters_against_linear_layers(ffn, bias):
+    d, d_ff = 48, 136
+    config = ModelConfig(d_model=d, n_heads=4, d_ff=d_ff, ffn=ffn, bias=bias)
+    shapes = [(d, d_ff), (d_ff, d)] + ([(d, d_ff)] if ffn == "swiglu" else [])
+    assert ffn_parameters(config) == linears(shapes, bias)
+
+
+@pytest.mark.parametrize("norm, bias, module", [
+    ("layernorm", True, lambda d: torch.nn.LayerNorm(d)),
+    ("layernorm", False, lambda d: torch.nn.LayerNorm(d, bias=False)),
+    ("rmsnorm", True, lambda d: torch.nn.RMSNorm(d)),
+    ("rmsnorm", False, lambda d: torch.nn.RMSNorm(d)),
+])
+def test_norm_parameters_against_torch(norm, bias, module):
+    assert norm_parameters(ModelConfig(d_model=40, n_heads=4, norm=norm, bias=bias)) == n_parameters(module(40))
+
+
+def test_block_parameters_against_torch_layers():
+    config = ModelConfig(d_model=64, n_heads=4, d_ff=200, ffn="relu")
+    with torch.device("meta"):
+        encoder_layer = torch.nn.TransformerEncoderLayer(64, 4, 200)
+        decoder_layer = torch.nn.TransformerDecoderLayer(64, 4, 200)  # self-attention, cross-attention, 3 norms
+    assert block_parameters(config) == n_parameters(encoder_layer)
+    assert block_parameters(config, cross_attention=True) == n_parameters(decoder_layer)
+
+
+def test_counts_are_ints():
+    for config in PRESETS.values():
+        for count in (attention_parameters(config), ffn_parameters(config), block_parameters(config),
+                      count_parameters(config)):
+            assert type(count) is int
 
 
 def test_computed_positions_add_no_parameters():
@@ -75,21 +148,44 @@ def test_computed_positions_add_no_parameters():
         assert count_parameters(learned) - count_parameters(other) == learned.context_length * learned.d_model
 
 
+def test_optional_parts_add_what_the_table_says():
+    d, vocab = 64, 1000
+    base = ModelConfig(vocab_size=vocab, d_model=d, n_heads=4, d_ff=128, final_norm=False)
+    assert count_parameters(replace(base, tie_embeddings=False)) - count_parameters(base) == vocab * d
+    assert count_parameters(replace(base, pooler=True)) - count_parameters(base) == d * d + d
+    assert count_parameters(replace(base, n_token_types=3)) - count_parameters(base) == 3 * d
+    assert count_parameters(replace(base, embedding_norm=True)) - count_parameters(base) == 2 * d
+    assert count_parameters(replace(base, final_norm=True)) - count_parameters(base) == 2 * d
+    encoder_decoder = replace(base, architecture="encoder-decoder", n_decoder_layers=3, final_norm=True)
+    assert count_parameters(encoder_decoder) - count_parameters(replace(base, final_norm=True)) == (
+        3 * block_parameters(base, cross_attention=True) + 2 * d)  # the decoder stack and its final norm
+
+
 @pytest.mark.parametrize(
-    "kwargs, argument",
+    "kwargs, error, argument",
     [
-        ({"d_model": 100, "n_heads": 3}, "d_model"),
-        ({"n_heads": 12, "n_kv_heads": 5}, "n_kv_heads"),
-        ({"vocab_size": 0}, "vocab_size"),
-        ({"ffn": "tanh"}, "ffn"),
-        ({"positions": "relative"}, "positions"),
-        ({"architecture": "encoder-decoder"}, "n_decoder_layers"),
+        ({"d_model": 100, "n_heads": 3}, ValueError, "d_model"),
+        ({"n_heads": 12, "n_kv_heads": 5}, ValueError, "n_kv_heads"),
+        ({"n_heads": 12, "n_kv_heads": 0}, ValueError, "n_kv_heads"),
+        ({"vocab_size": 0}, ValueError, "vocab_size"),
+        ({"vocab_size": True}, ValueError, "vocab_size"),
+        ({"d_ff": 3072.0}, ValueError, "d_ff"),
+        ({"ffn": "tanh"}, ValueError, "ffn"),
+        ({"positions": "relative"}, ValueError, "positions"),
+        ({"norm_placement": "middle"}, ValueError, "norm_placement"),
+        ({"architecture": "encoder-decoder"}, ValueError, "n_decoder_layers"),
+        ({"n_decoder_layers": 2}, ValueError, "n_decoder_layers"),
+        ({"n_decoder_layers": -1}, ValueError, "n_decoder_layers"),
+        ({"n_token_types": -2}, ValueError, "n_token_types"),
+        ({"bias": "no"}, TypeError, "bias"),
+        ({"tie_embeddings": 0}, TypeError, "tie_embeddings"),
     ],
 )
-def test_bad_config_names_the_argument(kwargs, argument):
-    with pytest.raises(ValueError, match=argument):
+def test_bad_config_names_the_argument(kwargs, error, argument):
+    with pytest.raises(error, match=argument):
         ModelConfig(**kwargs)
 
 
-def test_head_dim():
-    assert ModelConfig(d_model=768, n_heads=12).head_dim == 64
+def test_head_dim_and_kv_default():
+    config = ModelConfig(d_model=768, n_heads=12)
+    assert config.head_dim == 64 and config.n_kv_heads == 12
