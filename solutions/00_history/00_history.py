@@ -328,7 +328,9 @@ for n in (8, 64, 512):
 # in all (with $d_{in} = d$). Attention does $n/d$ times the RNN's arithmetic: as much
 # when $n = d$, 64 times as much at $n = 2048$ with $d = 32$. So let us time both on this
 # machine, for growing $n$. We time on a single thread, so that the comparison is about
-# the chain of dependent steps and not about how many cores each can use.
+# the chain of dependent steps and not about how many cores each can use, and keep the
+# fastest of 21 runs of each, in three sweeps over the lengths, because the machine may
+# be busy with other work.
 
 # %%
 def best_seconds(fn, *args, repeats: int = 7) -> float:
@@ -342,12 +344,13 @@ def best_seconds(fn, *args, repeats: int = 7) -> float:
 
 
 lengths = [32, 64, 128, 256] if course.QUICK else [32, 64, 128, 256, 512, 1024, 2048]
-rnn_seconds, attention_seconds = [], []
+rnn_seconds, attention_seconds = [math.inf] * len(lengths), [math.inf] * len(lengths)
 with course.one_thread(), torch.no_grad():
-    for n in tqdm(lengths, desc="timing"):
-        x = torch.randn(1, n, d)
-        rnn_seconds.append(best_seconds(rnn, x, W_xh, W_hh, b_h))
-        attention_seconds.append(best_seconds(attend, x))
+    for sweep in tqdm(range(3), desc="timing sweeps"):  # three passes: a burst of other work spoils at most one
+        for i, n in enumerate(lengths):
+            x = torch.randn(1, n, d)
+            rnn_seconds[i] = min(rnn_seconds[i], best_seconds(rnn, x, W_xh, W_hh, b_h))
+            attention_seconds[i] = min(attention_seconds[i], best_seconds(attend, x))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.loglog(lengths, [s * 1e3 for s in rnn_seconds], "o-", label="RNN, a loop over positions")
@@ -370,14 +373,12 @@ for n, r, a in zip(lengths, rnn_seconds, attention_seconds):
 # makes the same handful of calls (seven above) whatever $n$ is. As $n$ grows, attention's
 # extra arithmetic catches up with the loop's overhead: at $n = 2048$ it does 64 times the
 # RNN's multiply-adds, and between one and two thousand tokens the two curves meet or
-# nearly meet. There attention's time grows even faster than its arithmetic, more than fourfold
-# per doubling of $n$: the $n \times n$ matrices of scores and weights (4 MB each in
-# float32 at $n = 1024$, 16 MB at 2048) outgrow the processor's caches, and moving them to
-# and from memory costs more than the multiplications. FlashAttention (chapter 10)
-# removes that cost. It is likely also why the longest lengths vary most from run to run
-# on a shared machine, whose caches other programs use too: across our runs the ratio at
-# $n = 2048$ lay between 0.6 and 2.2, while the twenty-fold gap at short lengths came back
-# every time.
+# nearly meet. There the $n \times n$ matrices of scores and weights (4 MB each in float32
+# at $n = 1024$, 16 MB at 2048) outgrow the processor's fast caches, and attention's time
+# starts to depend on memory traffic as well as arithmetic: it varies most from run to
+# run (across our runs the ratio at $n = 2048$ lay between 0.6 and 2.2, while the
+# twenty-fold gap at short lengths came back every time). FlashAttention (chapter 10) is
+# about avoiding exactly that traffic.
 #
 # What one CPU thread cannot show is the hardware the Transformer was built for. A GPU
 # has thousands of cores: a few large matrix products fill them, while a chain of $n$
@@ -907,17 +908,18 @@ GPT2_SIZES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large"
 
 
 def _gpt2(name: str, d: int, layers: int, heads: int, context: int = 1024) -> ModelConfig:
-    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context,
-                       ffn="gelu_tanh")
+    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context)
 
 
+# GPT-1, GPT-2 and GPT-3 computed GELU with its tanh approximation ("gelu_tanh"); their
+# presets say "gelu", which has the same parameters.
 PRESETS = {
     "transformer-base": ModelConfig(
         name="transformer-base", vocab_size=37000, context_length=512, d_model=512, n_layers=6, n_heads=8,
         d_ff=2048, architecture="encoder-decoder", n_decoder_layers=6, positions="sinusoidal",
         norm_placement="post", ffn="relu"),
     "gpt1": ModelConfig(
-        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False, ffn="gelu_tanh"),
+        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False),
     "bert-base": ModelConfig(
         name="bert-base", vocab_size=30522, context_length=512, architecture="encoder", norm_placement="post",
         final_norm=False, embedding_norm=True, n_token_types=2, pooler=True),
