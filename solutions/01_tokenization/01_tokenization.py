@@ -1149,7 +1149,9 @@ class BPETokenizer:
 # The class above calls your `merge_pair`, so in this notebook it works only once your
 # exercises do. From here on the chapter uses the package's copy, `minillm.tokenizer`,
 # built from the same cells with the reference answers, so that it runs whatever state
-# your exercises are in.
+# your exercises are in. (In a student bundle from your instructor, the package holds
+# no reference answers for this chapter yet: its copy runs on your own functions, once
+# their keep-going checks pass.)
 #
 # ## A tokenizer for Shakespeare
 #
