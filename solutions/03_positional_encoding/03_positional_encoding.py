@@ -880,8 +880,9 @@ def _alibi_reference(n_heads, q_len, k_len, sign=-1.0, offset=True, distance=lam
     return bias
 
 _slopes_2 = alibi_slopes(2)
-if not isinstance(_slopes_2, torch.Tensor) or _slopes_2.shape != (2,) or not torch.allclose(_slopes_2.float(), torch.tensor([1 / 16, 1 / 256])):
-    raise course.CheckFailed("alibi_bias: your alibi_slopes(2) is not [1/16, 1/256]; fix Exercise 4 first")
+if (not isinstance(_slopes_2, torch.Tensor) or _slopes_2.shape != (2,) or _slopes_2.dtype != torch.float32
+        or not torch.allclose(_slopes_2, torch.tensor([1 / 16, 1 / 256]))):
+    raise course.CheckFailed("alibi_bias: your alibi_slopes(2) is not the float32 tensor [1/16, 1/256]; fix Exercise 4 first")
 course.expect_close(
     alibi_bias(2, 3, 5),
     _alibi_reference(2, 3, 5),
