@@ -1007,7 +1007,13 @@ def windows(source, batch_size, length, generator=None):
     chunk = source[starts[:, None] + torch.arange(length + 1)]
     return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
 
+# %% [markdown]
+# The model: pre-norm blocks of attention and a feed-forward layer, as in GPT-2, with
+# position entering in one of four places. Learned and sinusoidal vectors are added to
+# the token embeddings in `TinyLM.forward`; RoPE rotates the queries and keys, and ALiBi
+# biases the scores, inside `Attention.forward`.
 
+# %%
 class Attention(torch.nn.Module):
     """Causal multi-head self-attention with a choice of positions inside (rope, alibi)."""
 
@@ -1059,7 +1065,11 @@ class TinyLM(torch.nn.Module):
             x = x + layer["ffn"](layer["norm2"](x))
         return self.embed.logits(self.norm(x))
 
+# %% [markdown]
+# Train the five models, one after the other, then score each on the same held-out
+# windows of 4 × `TRAIN_LEN` characters (about a minute in full mode):
 
+# %%
 models, per_position_loss, range_loss = {}, {}, {}
 eval_generator = torch.Generator().manual_seed(1234)
 eval_inputs, eval_targets = windows(held_out, 32 if course.QUICK else 256, 4 * TRAIN_LEN, eval_generator)
