@@ -23,29 +23,54 @@ def _safe_str(value, limit=MAX_MESSAGE):
 
 
 class InPlaceModification(Exception):
-    """A learner's function changed a tensor it was given."""
+    """A learner's function changed an argument it was given (a tensor, array, list, dict or set)."""
 
 
-def _tensor_arguments(args, kwargs):
-    """(description, tensor) for every tensor passed directly as an argument."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return []
-    found = [(f"its argument {index + 1}", value) for index, value in enumerate(args)]
-    found += [(f"its argument {name}=", value) for name, value in kwargs.items()]
-    return [(where, value) for where, value in found if isinstance(value, torch.Tensor)]
+def _copy(value):
+    """A copy of an argument deep enough to tell afterwards whether it was changed."""
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return value.copy()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(item) for item in value) if type(value) in (list, tuple) else value
+    if type(value) is dict:
+        return {key: _copy(item) for key, item in value.items()}
+    if type(value) is set:
+        return set(value)
+    return value  # numbers and strings cannot change; other objects are not compared
 
 
-def _unchanged(tensor, before) -> bool:
-    torch = sys.modules["torch"]
-    if tensor.shape != before.shape or tensor.dtype != before.dtype:
-        return False
-    if torch.equal(tensor, before):
-        return True
-    same = tensor == before
-    if tensor.is_floating_point() or tensor.is_complex():
-        same |= tensor.isnan() & before.isnan()
-    return bool(same.all())
+def _unchanged(value, before) -> bool:
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(before, torch.Tensor):
+        if value.shape != before.shape or value.dtype != before.dtype:
+            return False
+        if torch.equal(value, before):
+            return True
+        same = value == before
+        if value.is_floating_point() or value.is_complex():
+            same |= value.isnan() & before.isnan()
+        return bool(same.all())
+    if numpy is not None and isinstance(before, numpy.ndarray):
+        return value.shape == before.shape and value.dtype == before.dtype and bool(
+            numpy.array_equal(value, before, equal_nan=before.dtype.kind in "fc"))
+    if type(before) in (list, tuple):
+        return len(value) == len(before) and all(_unchanged(a, b) for a, b in zip(value, before))
+    if type(before) is dict:
+        return list(value) == list(before) and all(_unchanged(value[key], before[key]) for key in before)
+    if type(before) is set:
+        return value == before
+    if type(before) in (int, float, complex, str, bytes, bool, type(None)):
+        return type(value) is type(before) and (value == before or value != value and before != before)
+    return True  # other objects are not compared
+
+
+def _arguments(args, kwargs):
+    """(description, argument) for every argument of a call."""
+    return ([(f"its argument {index + 1}", value) for index, value in enumerate(args)]
+            + [(f"its argument {name}=", value) for name, value in kwargs.items()])
 
 
 class Server:
@@ -115,14 +140,14 @@ class Server:
         target = self.target(request)
         if op == "call":
             args, kwargs = request.get("args", []), request.get("kwargs", {})
-            inputs = _tensor_arguments(args, kwargs)
-            kept = [(where, tensor, tensor.detach().clone()) for where, tensor in inputs]
+            kept = [(where, argument, _copy(argument)) for where, argument in _arguments(args, kwargs)]
             value = target(*args, **kwargs)
-            changed = [where for where, tensor, before in kept if not _unchanged(tensor, before)]
+            changed = [where for where, argument, before in kept if not _unchanged(argument, before)]
             if changed:
                 raise InPlaceModification(
                     f"it changed {', '.join(changed)} in place; the function must leave its inputs "
-                    f"unchanged and return a new tensor (clone first, or use out-of-place operations)")
+                    f"unchanged and return new values (copy or clone first, or build a new list, "
+                    f"dict or tensor)")
             return value
         if op == "getattr":
             return getattr(target, request["attr"])

@@ -173,7 +173,7 @@ def get_attention_backend(name: str) -> AttentionBackend:
 
 
 def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``mask`` (checked against the scores' shape) combined with the (offset) causal mask.
+    """``mask`` (already checked against the scores' shape) combined with the (offset) causal mask.
 
     q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
     stays bool; a float mask gets -inf where the causal mask forbids.
@@ -182,16 +182,25 @@ def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) ->
     allowed = causal_mask(q_len, q.device, k_len=k_len)
     if mask is None:
         return allowed
-    check_mask_shape(mask, torch.Size((*q.shape[:-1], k_len)), "mask")
     if mask.dtype == torch.bool:
         return mask & allowed
     return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
 
 
+def _backend_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """The mask a backend applies: ``mask`` checked against the scores' shape (``ValueError``,
+    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model), and
+    combined with the (offset) causal mask when ``causal``. None when nothing is masked."""
+    if mask is not None:
+        check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
+        if mask.is_floating_point():
+            mask = mask.to(q.dtype)
+    return _with_causal(mask, q, k) if causal else mask
+
+
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
-    if causal:
-        mask = _with_causal(mask, q, k)
+    mask = _backend_mask(mask, q, k, causal)
     if dropout_p == 0.0:
         return scaled_dot_product_attention(q, k, v, mask=mask)
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
@@ -203,10 +212,9 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     q_len, k_len = q.shape[-2], k.shape[-2]
     if causal and mask is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if causal:
-        mask = _with_causal(mask, q, k)
-    if mask is not None and mask.is_floating_point():
-        mask = mask.to(q.dtype)
+    mask = _backend_mask(mask, q, k, causal)
+    if mask is not None and mask.dim() < 2:
+        mask = mask.reshape(1, -1)  # a (k_len,) or scalar mask: torch wants at least (.., k_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if mask is None:
         return out
@@ -316,9 +324,7 @@ class MultiHeadAttention(nn.Module):
                           positions: torch.Tensor | None = None) -> torch.Tensor:
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
-        if self.causal:
-            mask = _with_causal(mask, q, k)
-        return scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]
+        return scaled_dot_product_attention(q, k, v, mask=_backend_mask(mask, q, k, self.causal), return_weights=True)[1]
 
 
 class ConcatCache:

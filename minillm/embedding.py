@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 def check_ids(ids: torch.Tensor, vocab_size: int) -> None:
     """Refuse token ids that are not an integer tensor with values in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
@@ -29,6 +29,8 @@ def one_hot_embed(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ids: integer tensor of any shape; weight: (vocab_size, d_model).
     Returns ids.shape + (d_model,), equal to weight[ids] (but V times the work).
     """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (vocab_size, d_model), got {tuple(weight.shape)}")
     check_ids(ids, weight.shape[0])
     return F.one_hot(ids.long(), num_classes=weight.shape[0]).to(weight.dtype) @ weight
 
@@ -97,6 +99,8 @@ def nearest_neighbours(weight: torch.Tensor, index: int, k: int = 5) -> torch.Te
 
     weight: (vocab_size, d). Returns a LongTensor of shape (k,), never containing ``index``.
     """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (vocab_size, d), got {tuple(weight.shape)}")
     vocab_size = weight.shape[0]
     if not 0 <= index < vocab_size:
         raise ValueError(f"index must be a row of weight, in [0, {vocab_size}), got {index}")

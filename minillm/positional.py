@@ -83,7 +83,9 @@ class LearnedPositionalEmbedding(torch.nn.Module):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if positions.dtype.is_floating_point or positions.dtype == torch.bool:
             raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.max_len):
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+        if positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"positions must lie in [0, max_len={self.max_len}), got up to {int(positions.max())}: "
                              "the sequence is longer than the context this layer was built for")
         return self.weight[positions.long()]

@@ -81,6 +81,8 @@ def train_step(word_counts: dict[tuple[int, ...], int], new_id: int) -> tuple[tu
 
 def pretoken_counts(text: str, special_tokens: Iterable[str] = ()) -> Counter:
     """How often each pre-token occurs in ``text``; special tokens are cut out first."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     counts: Counter = Counter()
     special_re = _special_regex(special_tokens)
     for piece in special_re.split(text) if special_re is not None else [text]:
@@ -126,6 +128,8 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
         raise ValueError(f"vocab_size must be at least 256 bytes + {len(specials)} special tokens "
                          f"= {256 + len(specials)}, got {vocab_size}")
 
+    # The words, as lists of byte ids, and their counts; then the pair counts, the index
+    # of which words hold each pair, and the heap of (-count, pair).
     counts = pretoken_counts(text, specials)
     words = [list(word.encode("utf-8")) for word in counts]
     freqs = list(counts.values())
@@ -149,6 +153,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
             break  # no pair left
         merges.append((vocab[pair[0]], vocab[pair[1]]))
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
+        # Steps 1 and 2: only the words that hold the pair change; collect the changes.
         delta: dict[tuple[int, int], int] = defaultdict(int)
         for w in where.pop(pair):
             old, freq = words[w], freqs[w]
@@ -159,6 +164,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
                 delta[p] += freq
                 where[p].add(w)
             words[w] = new
+        # Step 3: new counts onto the heap; the older entries of these pairs are now stale.
         for p, change in delta.items():
             if change:
                 pair_counts[p] += change
@@ -177,6 +183,8 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
     ``merges[r]`` is the pair of ids that merge number r joins into the id 256 + r. At
     each step the pair of lowest rank in the word is merged, everywhere in the word.
     """
+    if not isinstance(word, str):
+        raise TypeError(f"word must be a str, got {type(word).__name__}")
     ids = list(word.encode("utf-8"))
     rank = {pair: r for r, pair in enumerate(merges)}
     while len(ids) > 1:

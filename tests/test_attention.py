@@ -509,3 +509,57 @@ def test_causal_attention_checks_the_mask_shape_before_combining(backend):
     attention = MultiHeadAttention(16, 4, causal=True, backend=backend)
     with pytest.raises(ValueError, match="mask"):
         attention(torch.randn(2, 5, 16), mask=torch.ones(3, 4, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------- inputs are left alone; masks in every backend
+
+def test_functions_leave_their_inputs_unchanged():
+    q, k, v = qkv()
+    mask = torch.rand(5, 7, generator=torch.Generator().manual_seed(11)) < 0.6
+    mask[1] = False  # a fully blocked query too
+    bias = randn(3, 5, 7, seed=12)
+    float_mask = torch.zeros(5, 7, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    x = randn(2, 5, 12, seed=13)
+    heads = randn(2, 3, 5, 4, seed=14)
+    inputs = (q, k, v, mask, bias, float_mask, x, heads)
+    before = [t.clone() for t in inputs]
+    softmax(x, dim=-1)
+    scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
+    scaled_dot_product_attention(q, k, v, mask=float_mask)
+    split_heads(x, 3)
+    merge_heads(heads)
+    repeat_kv(heads, 2)
+    for name, (after, original) in zip("q k v mask bias float_mask x heads".split(), zip(inputs, before)):
+        assert torch.equal(after, original), f"{name} was changed in place"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_backend_checks_the_mask(backend, causal):
+    layer = MultiHeadAttention(16, 4, causal=causal, backend=backend)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match="mask"):
+        layer(x, mask=torch.ones(5, 6, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask"):
+        layer(x, mask=torch.ones(5, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="mask"):
+        get_attention_backend(backend)(*qkv(), mask=torch.ones(5, 6, dtype=torch.bool), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backends_agree_on_key_masks_and_float64_biases_for_a_float32_layer(causal):
+    torch.manual_seed(13)
+    layer = MultiHeadAttention(16, 4, causal=causal).eval()
+    x = torch.randn(2, 5, 16)
+    keep = torch.tensor([True, False, True, True, True])  # a (k_len,) key mask
+    bias = -0.5 * (torch.arange(5) - torch.arange(5)[:, None]).abs().double()  # float64, the layer is float32
+    with torch.no_grad():
+        for mask in (keep, bias):
+            expected = layer(x, mask=mask)
+            assert expected.dtype == torch.float32 and torch.isfinite(expected).all()
+            layer.backend = "sdpa"
+            torch.testing.assert_close(layer(x, mask=mask), expected)
+            layer.backend = "math"
+        weights = layer.attention_weights(x, mask=keep)
+        assert (weights[..., 1] == 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))

@@ -74,6 +74,16 @@ def test_input_gradients_identity_path():
     assert (input_gradients(halves, g, residual=True).norm(dim=-1) >= g.norm()).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_input_gradients_keep_the_dtype_and_leave_the_arguments_alone(dtype):
+    jacobians = torch.randn(4, 3, 3, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    grad_output = torch.randn(3, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    kept = jacobians.clone(), grad_output.clone()
+    for residual in (False, True):
+        assert input_gradients(jacobians, grad_output, residual=residual).dtype == dtype
+    assert torch.equal(jacobians, kept[0]) and torch.equal(grad_output, kept[1])
+
+
 def test_input_gradients_reject_bad_shapes():
     with pytest.raises(ValueError, match="jacobians must be a tensor of shape \\(L, d, d\\)"):
         input_gradients(torch.zeros(3, 4, 5), torch.zeros(4))
@@ -318,6 +328,29 @@ def test_block_dropout_acts_only_in_training():
     no_dropout = TransformerBlock(32, 4, 64, dropout=0.0).eval()
     no_dropout.load_state_dict(block.state_dict())
     torch.testing.assert_close(block(x), no_dropout(x))
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_block_dropout_acts_on_the_attention_output_before_the_add(placement):
+    # only the block's own dropout left on: the attention's dropout and the FFN's are off
+    torch.manual_seed(12)
+    block = TransformerBlock(16, 2, 32, norm_placement=placement, dropout=0.5)
+    randomize(block, seed=13)
+    block.attn.dropout = 0.0
+    block.ffn.dropout.p = 0.0
+    block.train()
+    x = torch.randn(3, 6, 16)
+    torch.manual_seed(14)
+    got = block(x)
+    torch.manual_seed(14)  # the same dropout mask, drawn by hand
+    kept = torch.nn.functional.dropout(torch.ones(3, 6, 16), 0.5)
+    if placement == "pre":
+        h = x + kept * block.attn(block.norm1(x))
+        expected = h + block.ffn(block.norm2(h))
+    else:
+        h = block.norm1(x + kept * block.attn(x))
+        expected = block.norm2(h + block.ffn(h))
+    torch.testing.assert_close(got, expected)
 
 
 def test_block_keeps_dtype_and_leaves_its_input_alone():

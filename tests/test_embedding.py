@@ -33,6 +33,7 @@ def test_one_hot_embed_equals_indexing(shape, vocab, d, dtype):
 
 @pytest.mark.parametrize("ids,error", [
     (torch.tensor([0, 5]), ValueError), (torch.tensor([-1]), ValueError), (torch.tensor([0.0]), TypeError), ([1, 2], TypeError),
+    (torch.tensor([True]), TypeError),
 ])
 def test_bad_ids_are_refused(ids, error):
     with pytest.raises(error, match="ids"):
@@ -43,11 +44,13 @@ def test_bad_ids_are_refused(ids, error):
         TokenEmbedding(5, 2)(ids)
 
 
-def test_token_embedding_is_a_lookup_and_int32_ids_work():
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_token_embedding_is_a_lookup_for_every_integer_dtype(dtype):
     layer = TokenEmbedding(11, 6)
-    ids = torch.tensor([[3, 3, 10], [0, 1, 2]], dtype=torch.int32)
+    ids = torch.tensor([[3, 3, 10], [0, 1, 2]], dtype=dtype)
     torch.testing.assert_close(layer(ids), layer.weight[ids.long()])
     assert layer(ids).shape == (2, 3, 6)
+    torch.testing.assert_close(one_hot_embed(ids, layer.weight.detach()), layer.weight.detach()[ids.long()])
 
 
 def test_scale_multiplies_by_sqrt_d_model():
@@ -78,11 +81,14 @@ def test_tied_logits_match_a_linear_layer_sharing_the_weight():
         layer.logits(torch.randn(2, 7))
 
 
-def test_tying_saves_vocab_times_d_parameters():
+def test_the_tied_head_adds_no_parameters_and_trains_the_same_matrix():
     vocab, d = 100, 16
-    embedding = TokenEmbedding(vocab, d)
-    untied = torch.nn.ModuleList([embedding, torch.nn.Linear(d, vocab, bias=False)])
-    assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in embedding.parameters()) == vocab * d
+    layer = TokenEmbedding(vocab, d)
+    assert [tuple(p.shape) for p in layer.parameters()] == [(vocab, d)]
+    x = torch.randn(3, 5, d, dtype=torch.float32)
+    layer.logits(x).sum().backward()
+    # d/dW of sum(x @ W.T) is, for every row, the sum of the hidden states
+    torch.testing.assert_close(layer.weight.grad, x.reshape(-1, d).sum(dim=0).expand(vocab, d))
 
 
 def test_gradient_touches_only_the_used_rows_and_repeats_add_up():
@@ -145,10 +151,19 @@ def test_nearest_neighbours_uses_angles_not_lengths():
     assert nearest_neighbours(weight, 0, 2).tolist() == [1, 2]
 
 
+def test_nearest_neighbours_ranks_negative_cosines_below_every_other_row_and_leaves_weight_alone():
+    weight = torch.tensor([[1.0, 0.0], [-1.0, 0.1], [-1.0, -0.5], [-0.9, 0.0]])
+    before = weight.clone()
+    assert nearest_neighbours(weight, 0, 3).tolist() == [2, 1, 3]  # all negative: the query must not rank among them
+    assert torch.equal(weight, before)
+
+
 @pytest.mark.parametrize("index,k", [(3, 1), (-1, 1), (0, 0), (0, 3)])
 def test_nearest_neighbours_refuses_bad_arguments(index, k):
     with pytest.raises(ValueError, match="index|k"):
         nearest_neighbours(torch.randn(3, 2), index, k)
+    with pytest.raises(ValueError, match="weight"):
+        nearest_neighbours(torch.randn(3), 0, 1)
 
 
 @pytest.mark.parametrize("n,d,k", [(40, 6, 2), (7, 12, 3), (25, 3, 1)])
@@ -167,6 +182,19 @@ def test_pca_project_against_numpy_eigendecomposition(n, d, k):
         np.testing.assert_allclose(got[:, column], sign * expected[:, column], atol=1e-8)
     # variances come out in decreasing order and equal the top eigenvalues
     np.testing.assert_allclose(got.var(axis=0, ddof=1), eigenvalues[::-1][:k], rtol=1e-8)
+
+
+def test_pca_project_leaves_x_alone_and_ignores_a_translation():
+    x = torch.randn(12, 4, dtype=torch.float64)
+    before = x.clone()
+    first = pca_project(x, 2)
+    assert torch.equal(x, before)
+    torch.testing.assert_close(pca_project(x + 50.0, 2), first)
+
+
+def test_one_hot_embed_refuses_a_weight_that_is_not_a_matrix():
+    with pytest.raises(ValueError, match="weight"):
+        one_hot_embed(torch.tensor([0, 1]), torch.randn(4))
 
 
 def test_pca_project_refuses_bad_arguments():

@@ -78,6 +78,14 @@ def test_gelu_symmetry_and_limits(fn):
     torch.testing.assert_close(fn(big), torch.tensor([0.0, 0.0, 50.0, 1e4]))
 
 
+@pytest.mark.parametrize("fn", [gelu, gelu_tanh])
+def test_activations_leave_their_input_alone(fn):
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
+    before = x.clone()
+    fn(x)
+    assert torch.equal(x, before)
+
+
 def test_gelu_minimum():
     x = torch.linspace(-3, 0, 30001, dtype=torch.float64)
     y = gelu(x)
@@ -154,9 +162,10 @@ def test_feedforward_is_position_wise_and_shape_preserving():
         assert changed.tolist() == [False, False, True, False, False, False]
 
 
-def test_feedforward_dropout_only_in_training():
+@pytest.mark.parametrize("cls", [FeedForward, SwiGLU])
+def test_dropout_only_in_training(cls):
     torch.manual_seed(0)
-    module = FeedForward(16, 64, dropout=0.5)
+    module = cls(16, 64, dropout=0.5)
     x = torch.randn(200, 16)
     module.train()
     zeros = (module(x) == 0).float().mean().item()
@@ -192,14 +201,29 @@ def test_wrong_input_width_is_a_value_error(module):
 
 # ---------------------------------------------------------------- SwiGLU
 
-def test_swiglu_module_matches_naive_formula():
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_module_matches_naive_formula(bias):
     torch.manual_seed(0)
-    module = SwiGLU(10, 28).double()
+    module = SwiGLU(10, 28, bias=bias).double()
     x = torch.randn(2, 3, 10, dtype=torch.float64)
-    a, b = x @ module.w1.weight.T, x @ module.w3.weight.T
-    expected = (a / (1 + torch.exp(-a)) * b) @ module.w2.weight.T  # SiLU written out
+
+    def linear(layer, v):
+        return v @ layer.weight.T + (layer.bias if bias else 0)
+
+    a, b = linear(module.w1, x), linear(module.w3, x)
+    expected = linear(module.w2, a / (1 + torch.exp(-a)) * b)  # SiLU written out
     with torch.no_grad():
         torch.testing.assert_close(module(x), expected, atol=1e-12, rtol=1e-10)
+        assert (module.w1.bias is not None) == bias
+
+
+def test_swiglu_function_leaves_its_inputs_alone():
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(3, 4, generator=g), torch.randn(6, 4, generator=g), torch.randn(4, 6, generator=g),
+            torch.randn(6, 4, generator=g))
+    before = [a.clone() for a in args]
+    swiglu(*args)
+    assert all(torch.equal(a, b) for a, b in zip(args, before))
 
 
 def test_swiglu_matches_llama_mlp():
@@ -270,6 +294,19 @@ def test_swiglu_hidden_size_llama_family(args, published):
     assert swiglu_hidden_size(*args) == published
 
 
+@pytest.mark.parametrize("args, expected", [
+    # multiple_of=1 shows each truncation: int(8 d / 3), then int(multiplier * that)
+    ((100, 1), 266),  # 266.67, truncated, not rounded
+    ((100, 1, 1.3), 345),  # int(1.3 * 266) = int(345.8); int(8 * 100 * 1.3 / 3) would be 346
+    ((256, 1, 1.3), 886),
+    ((96, 1, 1.2), 307),  # int(8 * 96 / 3) = 256, int(1.2 * 256) = int(307.2)
+    ((96, 4, 1.2), 308),
+])
+def test_swiglu_hidden_size_truncates_each_step_as_llama_does(args, expected):
+    got = swiglu_hidden_size(*args)
+    assert type(got) is int and got == expected
+
+
 def test_swiglu_hidden_size_matches_published_llama_configs():
     transformers = pytest.importorskip("transformers")
     # LlamaConfig's default is LLaMA-7B's shape
@@ -315,7 +352,8 @@ def test_ffn_flops_match_torch_flop_counter(ffn, training):
     torch.manual_seed(0)
     module = build_ffn(ffn, 24, 72)
     lead = (3, 5)
-    assert ffn_flops(24, 72, ffn, n_tokens=15, training=training) == _counted_flops(module, lead, 24, training)
+    got = ffn_flops(24, 72, ffn, n_tokens=15, training=training)
+    assert type(got) is int and got == _counted_flops(module, lead, 24, training)
 
 
 @pytest.mark.parametrize("ffn", ["gelu", "swiglu"])

@@ -99,6 +99,15 @@ def test_rms_norm_properties():
     torch.testing.assert_close(rms_norm(torch.zeros(2, 5)), torch.zeros(2, 5))  # eps keeps zeros finite
 
 
+def test_formulas_leave_their_arguments_alone():
+    x, w, b = _randn(3, 8, seed=14), _randn(8, seed=15), _randn(8, seed=16)
+    kept = [t.clone() for t in (x, w, b)]
+    layer_norm(x, w, b)
+    rms_norm(x, w)
+    for before, after in zip(kept, (x, w, b)):
+        assert torch.equal(before, after)
+
+
 def test_formulas_reject_bad_input():
     x = torch.randn(2, 4)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
@@ -159,6 +168,15 @@ def test_rmsnorm_module_matches_torch():
     torch.testing.assert_close(ours(x), theirs(x))
     torch.testing.assert_close(ours(x), rms_norm(x, ours.weight, eps=1e-5))
     assert n_parameters(ours) == 40
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5])
+def test_modules_use_their_eps(eps):
+    # a row of small variance, where eps = 0.5 changes the output by a large factor
+    x = 0.1 * _randn(2, 16, seed=17)
+    torch.testing.assert_close(LayerNorm(16, eps=eps)(x), F.layer_norm(x, (16,), eps=eps))
+    torch.testing.assert_close(RMSNorm(16, eps=eps)(x), F.rms_norm(x, (16,), eps=eps))
+    torch.testing.assert_close(build_norm("layernorm", 16, eps=eps)(x), F.layer_norm(x, (16,), eps=eps))
 
 
 def test_modules_start_as_identity_maps_of_the_normalized_input():

@@ -117,6 +117,11 @@ def test_learned_positions_refuse_positions_past_the_context():
         layer(torch.arange(3).float())
     with pytest.raises(ValueError, match="max_len"):
         LearnedPositionalEmbedding(0, 4)
+    with pytest.raises(ValueError, match=">= 0"):  # a negative position is not "past the context"
+        layer(torch.tensor([2, -1]))
+    with pytest.raises(ValueError, match="init_std"):
+        LearnedPositionalEmbedding(8, 4, init_std=0.0)
+    assert LearnedPositionalEmbedding(8, 4, init_std=2.0).init_std == 2.0
 
 
 # --- RoPE -----------------------------------------------------------------------------
@@ -195,6 +200,26 @@ def test_rope_preserves_norms_dtype_and_position_zero():
     assert half.dtype == torch.float16
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_leaves_its_input_alone(interleaved):
+    x = torch.randn(2, 5, 8)
+    before = x.clone()
+    out = apply_rope(x, torch.arange(5) + 4, interleaved=interleaved)
+    assert torch.equal(x, before) and out.data_ptr() != x.data_ptr()
+
+
+def test_rope_theta_sets_the_frequencies():
+    x = torch.randn(3, 6)
+    positions = torch.tensor([1, 2, 7])
+    # pair 1 of a width-6 head turns at theta**(-2/6) radians per position
+    for theta in (50.0, 10000.0):
+        angle = positions.double() * theta ** (-2 / 6)
+        a, b = x[:, 1].double(), x[:, 4].double()
+        out = apply_rope(x, positions, theta)
+        torch.testing.assert_close(out[:, 1].double(), a * angle.cos() - b * angle.sin(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(out[:, 4].double(), a * angle.sin() + b * angle.cos(), atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("x,positions", [
     (torch.randn(4, 5), torch.arange(4)),        # odd head_dim
     (torch.randn(4, 6), torch.arange(5)),        # positions do not match seq
@@ -217,6 +242,8 @@ def test_rotary_module_rotates_queries_and_keys():
         rotary.rotate(torch.randn(5, 6), positions)
     with pytest.raises(ValueError, match="head_dim"):
         RotaryEmbedding(7)
+    with pytest.raises(ValueError, match="theta"):
+        RotaryEmbedding(8, theta=1.0)
 
 
 # --- ALiBi ----------------------------------------------------------------------------
@@ -298,5 +325,6 @@ def test_alibi_refuses_bad_sizes(args, name):
     with pytest.raises(ValueError, match=name):
         alibi_bias(*args)
     if name == "n_heads":
-        with pytest.raises(ValueError, match="n_heads"):
-            alibi_slopes(0)
+        for bad in (0, 2.5, True):
+            with pytest.raises(ValueError, match="n_heads"):
+                alibi_slopes(bad)

@@ -10,8 +10,8 @@ import regex
 
 from minillm import data
 from minillm.tokenizer import (
-    BPETokenizer, bytes_to_unicode, count_pairs, decode_ids, encode_word, merge_pair, pretokenize,
-    train_bpe, train_step,
+    BPETokenizer, bytes_to_unicode, count_pairs, decode_ids, encode_word, merge_pair, pretoken_counts,
+    pretokenize, train_bpe, train_step,
 )
 
 # GPT-2's pre-tokenizer as published in its encoder.py, written out here rather than
@@ -267,6 +267,18 @@ def test_encode_caches_pretokens(shakespeare, monkeypatch):
     assert max(calls.values()) == 1
 
 
+def naive_merge(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if tuple(ids[i:i + 2]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 def test_exercise_functions_against_naive_versions():
     rng = random.Random(5)
     table = {tuple(rng.randrange(5) for _ in range(rng.randint(1, 7))): rng.randint(1, 9) for _ in range(60)}
@@ -274,14 +286,50 @@ def test_exercise_functions_against_naive_versions():
     for w, n in table.items():
         for i in range(len(w) - 1):
             naive[w[i], w[i + 1]] += n
+    before = dict(table)
     assert count_pairs(table) == dict(naive)
-    assert merge_pair([1, 1, 1, 2, 1, 1], (1, 1), 9) == [9, 1, 2, 9]
     pair, new_table = train_step(table, 100)
+    assert table == before, "the exercises must not modify their arguments"
     top = max(naive.values())
     assert pair == min(p for p, c in naive.items() if c == top)
-    assert sum(new_table.values()) == sum(table.values())
+    assert new_table == {tuple(naive_merge(list(w), pair, 100)): n for w, n in table.items()}
+    assert any(100 in w for w in new_table)
+    ids = [1, 1, 1, 2, 1, 1]
+    assert merge_pair(ids, (1, 1), 9) == [9, 1, 2, 9] and ids == [1, 1, 1, 2, 1, 1]
+    for seq in ([rng.randrange(3) for _ in range(40)] for _ in range(20)):
+        assert merge_pair(seq, (0, 1), 7) == naive_merge(seq, (0, 1), 7)
+    assert merge_pair([], (1, 2), 3) == [] and merge_pair([1], (1, 2), 3) == [1]
     assert encode_word("abc", [(98, 99), (97, 98)]) == [97, 256]
+    assert encode_word("", [(97, 98)]) == [] and encode_word("é", []) == [195, 169]
     assert decode_ids([0x61, 0xE2, 0x82], {i: bytes([i]) for i in range(256)}) == "a\ufffd"
+
+
+def test_train_step_breaks_ties_toward_the_smallest_pair():
+    # dict order puts (8, 5) first: max(counts, key=counts.get) would pick it
+    assert train_step({(8, 5): 4, (2, 6): 4}, 300) == ((2, 6), {(8, 5): 4, (300,): 4})
+
+
+def test_exercise_functions_reject_bad_input():
+    with pytest.raises(ValueError, match="word_counts"):
+        train_step({(1,): 3, (): 1}, 256)
+    with pytest.raises(ValueError, match="word_counts"):
+        train_step({}, 256)
+    with pytest.raises(TypeError, match="word"):
+        encode_word(b"bytes", [])
+    with pytest.raises(ValueError, match="7"):
+        decode_ids([7], {0: b"a"})
+
+
+def test_pretokenize():
+    text = "Hello world!  It's 2026, don't panic:\n    x = 42\n" + data.corpus_text()[:3_000]
+    pieces = pretokenize(text)
+    assert "".join(pieces) == text and pieces == GPT2_REGEX.findall(text)
+    assert pretokenize("  hello") == [" ", " hello"]
+    with pytest.raises(TypeError, match="text"):
+        pretokenize(b"bytes")
+    with pytest.raises(TypeError, match="text"):
+        pretoken_counts(b"bytes")
+    assert pretoken_counts("a<|x|>a a", ["<|x|>"]) == Counter({"a": 2, " a": 1})
 
 
 # --- encode_iterable -------------------------------------------------------------------------------

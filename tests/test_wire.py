@@ -120,3 +120,41 @@ def test_deep_nesting_is_refused_both_ways():
     document = b"[" * 5000 + b"]" * 5000
     with pytest.raises(wire.WireError):
         wire.loads(wire.MAGIC + struct.pack("<Q", len(document)) + document)
+
+
+def _in_place_verdict(function, *args, **kwargs):
+    """What the learner's side of a call says about ``function(*args, **kwargs)``."""
+    from autograder import server
+
+    namespace = {"f": function}
+    handler = server.Server(wire, namespace, "", "")
+    try:
+        handler.dispatch({"op": "call", "name": "f", "args": list(args), "kwargs": kwargs})
+    except server.InPlaceModification as error:
+        return str(error)
+    return "unchanged"
+
+
+@pytest.mark.parametrize("function, args, kwargs, where", [
+    (lambda x: x.mul_(2), (torch.ones(3),), {}, "argument 1"),
+    (lambda x, y: x + y.add_(1), (torch.ones(2), torch.ones(2)), {}, "argument 2"),
+    (lambda ids: ids.append(3) or ids, ([1, 2],), {}, "argument 1"),
+    (lambda counts: counts.pop((1, 2)), ({(1, 2): 3, (2, 3): 1},), {}, "argument 1"),
+    (lambda words: words[0].__setitem__(0, 9), ([[1, 2], [3]],), {}, "argument 1"),
+    (lambda a: a.fill(0), (np.arange(3.0),), {}, "argument 1"),
+    (lambda s: s.add(4), ({1, 2},), {}, "argument 1"),
+    (lambda x, mask=None: mask.fill_(False), (torch.ones(2),), {"mask": torch.ones(2, dtype=torch.bool)}, "argument mask="),
+])
+def test_a_call_that_changes_an_argument_in_place_is_refused(function, args, kwargs, where):
+    assert f"changed its {where} in place" in _in_place_verdict(function, *args, **kwargs)
+
+
+@pytest.mark.parametrize("function, args", [
+    (lambda x: x * 2, (torch.tensor([float("nan"), 1.0]),)),
+    (lambda ids: ids + [3], ([1, 2],)),
+    (lambda counts: dict(counts, extra=1), ({"a": 1},)),
+    (lambda a: a.sum(), (np.array([np.nan, 1.0]),)),
+    (lambda n, text: text * n, (3, "ab")),
+])
+def test_a_call_that_leaves_its_arguments_alone_passes(function, args):
+    assert _in_place_verdict(function, *args) == "unchanged"

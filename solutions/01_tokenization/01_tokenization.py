@@ -184,8 +184,11 @@ def count_pairs(word_counts: dict[tuple[int, ...], int]) -> dict[tuple[int, int]
 def _pairs_case():
     return {(1, 2, 3): 2, (2, 3): 5, (4, 4, 4): 1, (9,): 7}
 
+case = _pairs_case()
+got = count_pairs(case)
+assert case == _pairs_case(), "count_pairs modified its word_counts argument: only read it"
 course.expect_equal(
-    count_pairs(_pairs_case()), {(1, 2): 2, (2, 3): 7, (4, 4): 2}, "count_pairs",
+    got, {(1, 2): 2, (2, 3): 7, (4, 4): 2}, "count_pairs",
     mistakes={
         "each word counted once: the word counts n_w are ignored": {(1, 2): 1, (2, 3): 2, (4, 4): 2},
         "a pair counted once per word although (4, 4, 4) holds (4, 4) twice": {(1, 2): 2, (2, 3): 7, (4, 4): 1},
@@ -278,7 +281,10 @@ course.expect_equal(
 assert ids == [5, 6, 5, 6, 7, 5], "merge_pair modified its input list: build a new one"
 course.expect_equal(
     merge_pair([3, 3, 3], (3, 3), 8), [8, 3], "merge_pair([3, 3, 3], (3, 3), 8)",
-    mistakes={"overlapping occurrences merged: each id can take part in one merge only": [8, 8]},
+    mistakes={
+        "overlapping occurrences merged: each id can take part in one merge only": [8, 8],
+        "scanned from the right: scan from the left, so the first two 3s merge": [3, 8],
+    },
 )
 print("merge_pair: visible test passed")
 
@@ -383,16 +389,29 @@ def _step_case():
     return {tuple(w.encode("utf-8")): n for w, n in words.items()}, 256
 
 def _step_reference(word_counts, new_id, largest_on_tie=False):
+    # written out here, so that this check does not depend on your count_pairs or merge_pair
     counts = {}
     for w, n in word_counts.items():
         for p in zip(w, w[1:]):
             counts[p] = counts.get(p, 0) + n
     order = sorted(counts, key=lambda p: (-counts[p], tuple(-x for x in p) if largest_on_tie else p))
     best = order[0]
-    return best, {tuple(reference_tokenizer.merge_pair(list(w), best, new_id)): n for w, n in word_counts.items()}
+    table = {}
+    for w, n in word_counts.items():
+        merged, i = [], 0
+        while i < len(w):
+            if w[i:i + 2] == best:
+                merged.append(new_id)
+                i += 2
+            else:
+                merged.append(w[i])
+                i += 1
+        table[tuple(merged)] = n
+    return best, table
 
 case = _step_case()
 got = train_step(*case)
+assert case == _step_case(), "train_step modified its word_counts argument: build a new dict"
 expected = _step_reference(*case)
 course.expect_equal(
     got[0], expected[0], "train_step's pair",
@@ -405,6 +424,13 @@ weighted_case = {(7, 8): 6, (2, 9): 1, (2, 9, 4): 2}
 course.expect_equal(
     train_step(weighted_case, 300)[0], (7, 8), "train_step's pair for {(7, 8): 6, (2, 9): 1, (2, 9, 4): 2}",
     mistakes={"the word counts are ignored: every word weighted 1": (2, 9)},
+)
+course.expect_equal(
+    train_step({(8, 5): 4, (2, 6): 4}, 300)[0], (2, 6), "train_step's pair for {(8, 5): 4, (2, 6): 4}",
+    mistakes={
+        "(8, 5) and (2, 6) tie at 4 and the first one counted won (max(counts, key=counts.get) or "
+        "most_common keep dict order): a tie must go to the smallest pair": (8, 5),
+    },
 )
 course.expect_raises(ValueError, train_step, {(1,): 4, (2,): 1}, 256, what="train_step with no pair left")
 print("train_step: visible test passed")
@@ -509,6 +535,8 @@ print({b"".join(vocab[i] for i in w): [vocab[i] for i in w] for w in table})
 #| export minillm/tokenizer.py
 def pretoken_counts(text: str, special_tokens: Iterable[str] = ()) -> Counter:
     """How often each pre-token occurs in ``text``; special tokens are cut out first."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     counts: Counter = Counter()
     special_re = _special_regex(special_tokens)
     for piece in special_re.split(text) if special_re is not None else [text]:
@@ -554,6 +582,8 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
         raise ValueError(f"vocab_size must be at least 256 bytes + {len(specials)} special tokens "
                          f"= {256 + len(specials)}, got {vocab_size}")
 
+    # The words, as lists of byte ids, and their counts; then the pair counts, the index
+    # of which words hold each pair, and the heap of (-count, pair).
     counts = pretoken_counts(text, specials)
     words = [list(word.encode("utf-8")) for word in counts]
     freqs = list(counts.values())
@@ -577,6 +607,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
             break  # no pair left
         merges.append((vocab[pair[0]], vocab[pair[1]]))
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
+        # Steps 1 and 2: only the words that hold the pair change; collect the changes.
         delta: dict[tuple[int, int], int] = defaultdict(int)
         for w in where.pop(pair):
             old, freq = words[w], freqs[w]
@@ -587,6 +618,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] | None =
                 delta[p] += freq
                 where[p].add(w)
             words[w] = new
+        # Step 3: new counts onto the heap; the older entries of these pairs are now stale.
         for p, change in delta.items():
             if change:
                 pair_counts[p] += change
@@ -659,6 +691,8 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
     each step the pair of lowest rank in the word is merged, everywhere in the word.
     """
     ### BEGIN SOLUTION
+    if not isinstance(word, str):
+        raise TypeError(f"word must be a str, got {type(word).__name__}")
     ids = list(word.encode("utf-8"))
     rank = {pair: r for r, pair in enumerate(merges)}
     while len(ids) > 1:
@@ -809,6 +843,11 @@ course.expect_raises(
     ValueError, decode_ids, [104, 999], vocab_case, what="decode_ids([104, 999])", match="999",
     mistakes={"the vocabulary's KeyError escapes: raise ValueError naming the id": KeyError},
     hint="999 is not in the vocabulary",
+)
+course.expect_raises(
+    ValueError, decode_ids, [-2], vocab_case, what="decode_ids([-2])", match="-2",
+    mistakes={"only ids that are too large are rejected (i >= len(vocab)?): check i in vocab": KeyError},
+    hint="-2 is not in the vocabulary either",
 )
 print("decode_ids: visible test passed")
 
@@ -1110,7 +1149,9 @@ class BPETokenizer:
 # The class above calls your `merge_pair`, so in this notebook it works only once your
 # exercises do. From here on the chapter uses the package's copy, `minillm.tokenizer`,
 # built from the same cells with the reference answers, so that it runs whatever state
-# your exercises are in.
+# your exercises are in. (In a student bundle from your instructor, the package holds
+# no reference answers for this chapter yet: its copy runs on your own functions, once
+# their keep-going checks pass.)
 #
 # ## A tokenizer for Shakespeare
 #
@@ -1210,8 +1251,8 @@ print([gpt2.vocab[i] for i in gpt2.encode(samples["digits"])])
 # Japanese 2.3 times and Russian 2.6 times (and their characters already take 2 or 3
 # bytes each), because its merges were learned on mostly English text. Context lengths
 # and prices are counted in tokens, so this is a real unfairness (Petrov et al., 2023).
-# The code line shows GPT-2's best-known weakness: four spaces of indentation cost four
-# tokens, three lone spaces and a fourth that rides with " return". The digits are cut
+# The code line shows GPT-2's best-known weakness: four spaces of indentation become three
+# tokens of one space each, and the fourth space rides with " return". The digits are cut
 # into arbitrary chunks (" 123", "45", "67"), one reason why early models struggled with
 # arithmetic. The Shakespeare tokenizer, with a fiftieth of GPT-2's vocabulary, needs
 # about twice as many tokens on English and falls back to single bytes on Japanese and

@@ -17,9 +17,10 @@
 #   with PCA.
 #
 # **Prerequisites:** chapter 00 (tensors, `ModelConfig`, `count_parameters`). Chapter 01's
-# tokenizer is not needed: this chapter works with characters.
+# exercises are not needed: the chapter works with characters, and uses the package's
+# `BPETokenizer` only to print the tokens of the course's trained model.
 #
-# **Time:** about 25 minutes of reading, 35 minutes of exercises.
+# **Time:** about 30 minutes of reading, 35 minutes of exercises.
 #
 # **How the exercises work.** Each exercise has an answer cell (replace
 # `raise NotImplementedError()` with your code), a *visible test* that explains what is
@@ -40,6 +41,8 @@ from tqdm.auto import tqdm
 from minillm import course
 from minillm.config import PRESETS, count_parameters
 from minillm.data import corpus_text, split_corpus
+from minillm.data import path as data_path
+from minillm.tokenizer import BPETokenizer
 
 device = course.setup(seed=0)
 
@@ -99,7 +102,7 @@ import torch.nn.functional as F
 
 def check_ids(ids: torch.Tensor, vocab_size: int) -> None:
     """Refuse token ids that are not an integer tensor with values in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
@@ -115,6 +118,8 @@ def one_hot_embed(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns ids.shape + (d_model,), equal to weight[ids] (but V times the work).
     """
     ### BEGIN SOLUTION
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (vocab_size, d_model), got {tuple(weight.shape)}")
     check_ids(ids, weight.shape[0])
     return F.one_hot(ids.long(), num_classes=weight.shape[0]).to(weight.dtype) @ weight
     ### END SOLUTION
@@ -139,7 +144,15 @@ course.expect_close(
     },
     hint="the result should have shape ids.shape + (d_model,)",
 )
+try:
+    got = one_hot_embed(ids, weight.double())
+except RuntimeError as error:
+    raise course.CheckFailed(f"one_hot_embed(ids, a float64 weight) failed ({str(error)[:80]}): convert the one-hot "
+                             "to weight.dtype, not to float()") from error
+if not (isinstance(got, torch.Tensor) and got.dtype == torch.float64):
+    raise course.CheckFailed(f"one_hot_embed(ids, a float64 weight) should return float64, got {course.describe(got)}")
 course.expect_raises(ValueError, one_hot_embed, torch.tensor([0, 4]), weight, what="one_hot_embed([0, 4], weight of 4 rows)",
+                     mistakes={"check_ids was not called: one_hot refused the id itself": RuntimeError},
                      hint="the id 4 is outside [0, 4): call check_ids")
 
 print("one_hot_embed: visible test passed")
@@ -334,6 +347,17 @@ course.expect_close(
     },
     hint="the result has one row per vocabulary entry: shape (vocab_size, d)",
 )
+try:
+    got = embedding_weight_grad(ids, grad_output.double(), vocab_size)
+except RuntimeError as error:
+    raise course.CheckFailed(f"embedding_weight_grad with a float64 grad_output failed ({str(error)[:80]}): "
+                             "create the zeros with dtype=grad_output.dtype") from error
+if not (isinstance(got, torch.Tensor) and got.dtype == torch.float64):
+    raise course.CheckFailed(f"embedding_weight_grad with a float64 grad_output should return float64, got {course.describe(got)}")
+course.expect_raises(ValueError, embedding_weight_grad, ids, grad_output[:3], vocab_size,
+                     what="embedding_weight_grad(4 ids, grad_output of shape (3, 2), 5)",
+                     mistakes={"grad_output's shape is not checked, so index_add_ refused it instead": RuntimeError},
+                     hint="compare grad_output.shape[:-1] with ids.shape")
 print("embedding_weight_grad: visible test passed")
 
 # %%
@@ -417,7 +441,8 @@ print(f"AdamW: row of 'z' moved by {step_changes_z(torch.optim.AdamW, weight_dec
 # ## Scaling by √d_model
 #
 # Section 3.4 of "Attention Is All You Need" (2017) says, in one line: "In the embedding
-# layers, we multiply those weights by $\sqrt{d_{model}}$." Why?
+# layers, we multiply those weights by $\sqrt{d_{model}}$." It gives no reason; here is
+# the usual explanation.
 #
 # The paper shares one matrix between the input embedding and the output layer (next
 # section). An output layer is initialized like any linear layer, with entries of
@@ -550,7 +575,8 @@ print(f"tied embedding: {int((layer.weight.grad.abs().sum(dim=1) > 0).sum())} of
 # What does an embedding learn? Tokens used in similar contexts get similar vectors,
 # because the rest of the network must respond to them in similar ways. "Similar" is
 # measured by the angle between vectors, not their distance: the length of a row mostly
-# tracks how often the token was seen, the direction what it means. The **cosine
+# tracks how often the token was seen (we measure it on a trained model below), the
+# direction how the token is used. The **cosine
 # similarity** of rows $a$ and $b$ is
 #
 # $$\cos(a, b) = \frac{a \cdot b}{\lVert a \rVert \, \lVert b \rVert} \in [-1, 1].$$
@@ -577,6 +603,8 @@ def nearest_neighbours(weight: torch.Tensor, index: int, k: int = 5) -> torch.Te
     weight: (vocab_size, d). Returns a LongTensor of shape (k,), never containing ``index``.
     """
     ### BEGIN SOLUTION
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (vocab_size, d), got {tuple(weight.shape)}")
     vocab_size = weight.shape[0]
     if not 0 <= index < vocab_size:
         raise ValueError(f"index must be a row of weight, in [0, {vocab_size}), got {index}")
@@ -603,18 +631,32 @@ def _neighbours_case():
 
 weight, index, k = _neighbours_case()
 got = nearest_neighbours(weight, index, k)
-expected = torch.tensor([1, 5, 2])
+if not isinstance(got, torch.Tensor):
+    raise course.CheckFailed(f"nearest_neighbours should return a tensor of row indices, got {course.describe(got)}")
+if not torch.equal(weight, _neighbours_case()[0]):
+    raise course.CheckFailed("nearest_neighbours changed weight in place (normalized its rows?): "
+                             "use F.normalize or weight / norms, which return new tensors")
 course.expect_equal(
-    got.tolist() if isinstance(got, torch.Tensor) else got,
-    expected.tolist(),
+    got.tolist(),
+    [1, 5, 2],
     "nearest_neighbours(weight, 0, 3)",
     mistakes={
-        "ranked by dot product, not cosine: the long row 2 wins without normalizing": [2, 1, 5],
+        "ranked by dot product, not cosine: the long row 2 wins without normalizing each row (dim=1)": [2, 1, 5],
+        "ranked by Euclidean distance, not by angle": [1, 5, 3],
         "the query row itself is included": [0, 1, 5],
         "least similar first (ascending order)": [4, 3, 2],
     },
     hint="return a tensor of row indices, most similar first",
 )
+got = nearest_neighbours(weight, 4, 5)  # row 4 is at more than 90 degrees from most rows: negative cosines
+course.expect_equal(
+    got.tolist() if isinstance(got, torch.Tensor) else got,
+    [3, 2, 1, 5, 0],
+    "nearest_neighbours(weight, 4, 5)",
+    mistakes={"the query's own similarity was set to 0, but cosines can be negative: set it to -inf": [3, 4, 2, 1, 5]},
+)
+course.expect_raises(ValueError, nearest_neighbours, weight, 7, 2, what="nearest_neighbours(weight of 6 rows, index=7, k=2)",
+                     mistakes={"index is not checked, so indexing weight failed instead": IndexError})
 print("nearest_neighbours: visible test passed")
 
 # %%
@@ -650,11 +692,17 @@ neighbours = course.keep_going(
 # ## Learning embeddings
 #
 # A freshly initialized table has random neighbours. To see structure we need embeddings
-# that a model learned. (Chapter 07 trains this course's mini-GPT; here a smaller model
-# does.) The model is the oldest neural language model there is, Bengio et al.'s (2003):
-# embed the previous 4 characters, concatenate their vectors, pass them through a hidden
-# layer, and score the next character with the tied head `logits`. The embedding is
-# trained as the input table and the output layer at once.
+# that a model learned: first a small one that we train here, in seconds, then the table
+# of the course's trained mini-GPT. The small model is the oldest neural language model
+# there is, Bengio et al.'s (2003): embed the previous 4 characters, concatenate their
+# vectors, pass them through a hidden layer, and score the next character with the tied
+# head `logits`:
+#
+# $$p(c_{t} \mid c_{t-4}, \dots, c_{t-1}) = \mathrm{softmax}\big(W\, \mathrm{MLP}([W_{c_{t-4}}; \dots; W_{c_{t-1}}])\big),$$
+#
+# where $[\,;\,]$ concatenates four rows of the embedding $W$ and the same $W$ scores the
+# 65 possible next characters. The embedding is trained as the input table and the output
+# layer at once.
 
 # %%
 class CharModel(torch.nn.Module):
@@ -702,15 +750,84 @@ for c in ["a", "e", "A", "T", ".", ",", " ", "k"]:
 
 # %% [markdown]
 # Nobody told the model what a vowel is, yet the neighbours of `a` are its capital and
-# the other vowels, capitals
-# sit with capitals, and punctuation that ends clauses (`. , ; : ! ?`) forms its own
-# family: characters that can be followed by the same things get similar vectors. With
-# the tied head, "followed by" counts too: rows that should be *predicted* in the same
-# contexts are pulled together.
+# the other vowels, capitals sit with capitals, and punctuation that ends clauses
+# (`. , ; : ! ?`) forms its own family: characters that can be followed by the same
+# things get similar vectors. With the tied head, "followed by" counts too: rows that
+# should be *predicted* in the same contexts are pulled together. A rare letter such as
+# `k` lands among the rarest characters (`K $ & X 3`): seen too seldom, it has not found
+# its family.
+#
+# ## The table of a trained language model
+#
+# Characters can only show so much. The course ships a bigger model trained on the same
+# text: the mini-GPT of chapter 07 (four Transformer layers, about a million parameters,
+# its embedding tied to its output layer), trained on the first 90% of tiny Shakespeare
+# with a 2,048-token BPE tokenizer of the kind chapter 01 builds. Its weights are a file in
+# the course's `data/` folder, written by `make train`; here we read one tensor out of it,
+# the embedding table, as plain data (nothing from chapter 07 is needed), and chapter 01's
+# `BPETokenizer` turns row numbers back into text. A BPE token usually carries its leading
+# space: `' king'` is the word *king* after a space.
+
+# %%
+#| stable
+checkpoint = torch.load(data_path("minillm-shakespeare.pt"), map_location="cpu", weights_only=True)
+trained = checkpoint["model"]["token_embedding.weight"]
+bpe = BPETokenizer.load(data_path(checkpoint["tokenizer"]))
+print(f"trained embedding table: {tuple(trained.shape)} (vocab_size, d_model); "
+      f"tied to the output layer: {checkpoint['config']['tie_embeddings']}")
+
+
+def token_id(word: str) -> int:
+    """The id of a word that the shipped tokenizer keeps as one token."""
+    ids = bpe.encode(word)
+    if len(ids) != 1:
+        raise ValueError(f"{word!r} is {len(ids)} tokens, not one")
+    return ids[0]
+
+
+for word in [" king", " father", " my", " he", " hath", " speak", " good", " night", "."]:
+    found = neighbours(trained, token_id(word), 5)
+    print(f"{word!r:9s} → {'  '.join(repr(bpe.decode([i])) for i in found.tolist())}")
+
+# %% [markdown]
+# Here the neighbours are about meaning and grammar, learned from a third of a million
+# tokens of plays and nothing else: kinship terms sit together (*father* → *mother,
+# brother, sister*), ranks and titles with *king*, possessives with *my*, the pronoun *he*
+# with *she, they*, the old verb form *hath* with *has* and *doth*, adjectives of praise
+# with *good*. Not
+# every list is clean (look at *night*), and a 2,048-token vocabulary has few whole words
+# beyond the common ones, but the table has clearly sorted the words it sees often.
+#
+# Row lengths, on the other hand, tell mostly how often a token occurred, which is why
+# the neighbours use the angle. Count every token in the training text:
+
+# %%
+#| stable
+counts = torch.bincount(torch.tensor(bpe.encode(text)), minlength=len(trained))
+print(f"the training text is {int(counts.sum()):,d} tokens")
+lengths = trained.norm(dim=1)
+never = counts == 0
+for label, rows in [("more than 1,000 times", counts > 1000), ("1 to 20 times", (counts >= 1) & (counts <= 20)),
+                    ("never", never)]:
+    print(f"tokens seen {label:21s}: {int(rows.sum()):4d}, mean row length {lengths[rows].mean().item():.2f}")
+unit = F.normalize(trained[never], dim=1)
+pairs = unit @ unit.T
+off_diagonal = pairs[~torch.eye(len(unit), dtype=torch.bool)]
+print(f"{int((never & (torch.arange(len(trained)) < 256)).sum())} of the never-seen tokens are raw bytes, e.g. "
+      f"{bpe.vocab[1]!r}; the others are pieces such as {bpe.decode([int(never.nonzero()[-1])])!r}")
+print(f"mean cosine between two never-seen rows: {off_diagonal.mean().item():.4f}")
+
+# %% [markdown]
+# The rarer the token, the longer its row, and the 297 tokens that never occur as tokens
+# (raw bytes such as control characters, and pieces of speakers' names that occur only
+# inside a longer token) all have long rows pointing in *the same direction*. The model
+# started every row at a random length of about $0.02\sqrt{128} \approx 0.23$, and no
+# gradient from the input side ever reached these rows, yet they moved far. Written
+# question 2 below asks why.
 #
 # ## A map of the embeddings: PCA
 #
-# The vectors live in $d = 24$ dimensions. To draw them we need the two directions along
+# The vectors live in $d = 128$ dimensions. To draw them we need the two directions along
 # which they spread the most: **principal component analysis**. Centre the rows (subtract
 # their mean $\bar x$), take the singular value decomposition of the centred matrix,
 # $X - \bar x = U S V^\top$, and project onto the first $k$ right singular vectors:
@@ -770,26 +887,36 @@ def _canonical_signs(p):
     p = p.detach().to(torch.float32)
     return p * p[p.abs().argmax(dim=0), torch.arange(p.shape[1])].sign()
 
-def _pca_reference(x, k, centre=True, scores=True, smallest=False):
+def _pca_reference(x, k, centre=True, scores=True, smallest=False, columns=False, standardize=False):
     centred = x - x.mean(dim=0) if centre else x
+    if standardize:
+        centred = centred / centred.std(dim=0)
     u, s, vh = torch.linalg.svd(centred, full_matrices=False)
     if smallest:
         return centred @ vh.flip(0)[:k].T
+    if columns:
+        return centred @ vh[:, :k]
     return centred @ vh[:k].T if scores else u[:, :k]
 
 x = _pca_case()
+got = pca_project(x, 2)
+if not torch.equal(x, _pca_case()):
+    raise course.CheckFailed("pca_project changed x in place (x -= mean?): centre into a new tensor, x - x.mean(dim=0)")
 course.expect_close(
-    _canonical_signs(pca_project(x, 2)),
+    _canonical_signs(got),
     _canonical_signs(_pca_reference(x, 2)),
     "pca_project(x, 2), up to the sign of each column",
     mistakes={
         "the rows were not centred (subtract x.mean(dim=0) first)": _canonical_signs(_pca_reference(x, 2, centre=False)),
         "returned U[:, :k], the left singular vectors, without the singular values (project: centred @ Vh[:k].T)": _canonical_signs(_pca_reference(x, 2, scores=False)),
         "the directions of least variance, not most": _canonical_signs(_pca_reference(x, 2, smallest=True)),
+        "projected on the columns of Vh; the directions are its rows (centred @ Vh[:k].T)": _canonical_signs(_pca_reference(x, 2, columns=True)),
+        "each column was also divided by its standard deviation: PCA here only centres": _canonical_signs(_pca_reference(x, 2, standardize=True)),
     },
     hint="the result has one row per input row and k columns",
     atol=1e-4,
 )
+course.expect_raises(ValueError, pca_project, x, 4, what="pca_project(x of shape (6, 3), k=4)", hint="k must be between 1 and min(n, d)")
 print("pca_project: visible test passed")
 
 # %%
@@ -807,8 +934,11 @@ for n, d, k, dtype in [(50, 10, 2, torch.float64), (8, 20, 3, torch.float32), (3
     if k < min(n, d):  # the last direction of a square case can be degenerate: check variance only
         course.expect_close(_canonical_signs(got.double()), _canonical_signs(expected).double(), f"pca_project n={n}, d={d}, k={k}", atol=1e-3, rtol=1e-3)
     course.expect_close(got.double().var(dim=0, unbiased=False), (expected.var(dim=0, unbiased=False)), f"pca_project variances n={n}, d={d}, k={k}", atol=1e-3, rtol=1e-3)
-# translating the data does not move the projection
+# translating the data does not move the projection, and x is left as it was
 x = torch.randn(20, 6, dtype=torch.float64, generator=generator)
+before = x.clone()
+pca_project(x, 3)
+assert torch.equal(x, before), "pca_project must not modify x"
 course.expect_close(_canonical_signs(pca_project(x + 100.0, 2)), _canonical_signs(pca_project(x, 2)), "pca_project is translation-invariant", atol=1e-4)
 for k in (0, 7):
     course.expect_raises(ValueError, pca_project, x, k, what=f"pca_project(x of shape (20, 6), k={k})")
@@ -822,68 +952,84 @@ project = course.keep_going(
 )
 
 # %% [markdown]
-# Now the map of the 65 learned character vectors.
+# Now the map. Projected together, the whole table's first direction would mostly
+# separate the 297 identical never-seen rows from everything else (the next cell measures
+# it), so we fit the PCA to a few dozen common words from six groups and draw those.
 
 # %%
-coords = project(learned, 2)
-centred = learned - learned.mean(dim=0)
-share = (coords.var(dim=0).sum() / centred.var(dim=0).sum()).item()
-groups = {
-    "lowercase vowels": lambda c: c in "aeiouy",
-    "lowercase consonants": lambda c: c.islower() and c not in "aeiouy",
-    "capitals": str.isupper,
-    "punctuation, space, digits": lambda c: not c.isalpha(),
+whole = project(trained, 1)[:, 0]
+print(f"whole table, first principal component: never-seen tokens at {whole[never].mean().item():+.2f}, "
+      f"the others at {whole[~never].mean().item():+.2f} ± {whole[~never].std().item():.2f}")
+
+word_groups = {
+    "pronouns": "I he she we they thou",
+    "possessives": "my your his their thy",
+    "people": "father mother king queen lord lady",
+    "verbs": "speak hear see know swear",
+    "adjectives": "good fair true noble sweet gentle",
+    "numbers": "two three ten twenty",
 }
+words = [(group, word) for group, members in word_groups.items() for word in members.split()]
+rows = trained[[token_id(" " + word) for _, word in words]]
+coords = project(rows, 2)
+coords = coords * coords[coords.abs().argmax(dim=0), [0, 1]].sign()  # a sign per column, so the map matches the text
+share = (coords.var(dim=0).sum() / rows.var(dim=0).sum()).item()
+
 fig, ax = plt.subplots(figsize=(7.5, 6.5))
-for colour, (group, member) in enumerate(groups.items()):
-    for i, c in enumerate(chars):
-        if member(c):
-            ax.text(coords[i, 0], coords[i, 1], repr(c)[1:-1] if c != " " else "␣",
-                    color=f"C{colour}", fontsize=10, ha="center", va="center")
+span = coords.max(dim=0).values - coords.min(dim=0).values
+for (group, word), (first, second) in zip(words, coords.tolist()):
+    ax.text(first, second, word, color=f"C{list(word_groups).index(group)}", fontsize=10, ha="center", va="center")
+for colour, group in enumerate(word_groups):
     ax.scatter([], [], color=f"C{colour}", label=group)
-ax.set_xlim(coords[:, 0].min() - 0.2, coords[:, 0].max() + 0.2)
-ax.set_ylim(coords[:, 1].min() - 0.2, coords[:, 1].max() + 0.2)
+margin = 0.1 * span
+ax.set_xlim(coords[:, 0].min() - margin[0], coords[:, 0].max() + margin[0])
+ax.set_ylim(coords[:, 1].min() - margin[1], coords[:, 1].max() + margin[1])
 ax.set_xlabel("first principal component")
 ax.set_ylabel("second principal component")
-ax.set_title(f"Learned character embeddings, d = 24, projected to 2-D ({share:.0%} of the variance)")
+ax.set_title(f"{len(words)} word embeddings of the trained mini-GPT, d = {trained.shape[1]}, "
+             f"in 2-D ({share:.0%} of their variance)", fontsize=11)
 ax.legend(loc="lower right", fontsize=8.5)
 plt.show()
 
 # %% [markdown]
-# The first two principal directions hold about a third of the variance (the title says
-# how much for this run), and they already show what the model learned to tell apart
-# (full mode; quick mode trains less and draws a blurrier map). The first component
-# mostly measures rarity: the frequent lowercase letters, the space and the newline sit
-# on the left, and the rarest characters (`&`, `$`, `3`, `Q`, `Z`, `X`), seen too seldom
-# to join a family, are strung out to the right. The second component separates the
-# capitals (below) from the lowercase letters and punctuation (above), and the vowels lie
-# together inside the lowercase cloud.
-# A 2-D map always distorts; check what it suggests with the neighbours, which use all 24
-# dimensions.
+# Six groups, six regions. The first direction puts the pronouns and possessives, the
+# small words that hold a sentence together, on the right and the words that carry
+# content on the left; the second runs from the numbers and verbs at the top to the nouns
+# for people at the bottom, with the adjectives in between. A 2-D map always distorts
+# (here two directions hold only about a quarter of these words' variance, as the title
+# says): *good* drifts towards the pronouns, *see* towards the numbers. Check what a map
+# suggests with the neighbours, which use all 128 dimensions.
 #
 # ### Written question 2
 #
-# In the tied model above, every row of the embedding receives a gradient at every step,
-# even the rows of characters absent from the batch (we measured it). Explain in two to
-# four sentences where those gradients come from, and what that means for a rare token's
-# vector in a tied model compared with an untied one.
+# A tied embedding receives a gradient on every row at every step, even on the rows of
+# characters absent from the batch (we measured it in the weight-tying section), and in
+# the trained mini-GPT the 297 tokens that never occur ended with long rows that all
+# point the same way. In three to five sentences: where do the gradients of absent
+# tokens come from, why do the rows of never-seen tokens all move in the same direction,
+# and what would their input rows look like in an untied model?
 
 # %% [markdown]
 # #| written tied_gradients points=2
 # ### BEGIN SOLUTION
-# *Model answer.* In the tied model the matrix is also the output layer, and the
-# softmax over the vocabulary gives every token a score at every position: the gradient of
-# the cross-entropy with respect to score $t$ is $p_t - [t = \text{target}]$, nonzero for
-# every $t$, so every row $t$ receives $p_t h$ from every position. A rare token is
-# therefore still trained at every step, pushed *away* from hidden states where it is not
-# the answer (which is most of them). In an untied model its input row only moves in the
-# few batches that contain it and stays close to its random initialization; tied, it
-# learns at least "I am usually not next", which is part of why tying helps small models
-# and rare words.
+# *Model answer.* In the tied model the matrix is also the output layer, and the softmax
+# gives every token a score at every position: the gradient of the cross-entropy with
+# respect to score $t$ is $p_t - [t = \text{target}]$, nonzero for every $t$, so row $t$
+# receives $(p_t - [t = \text{target}])\, h$ from every position $h$. A token that is never
+# the target only ever receives $+p_t h$, so gradient descent moves its row along
+# $-\sum p_t h$: away from the hidden states the model produces, lowering its score
+# everywhere ("I am never next"). All never-seen tokens see the same hidden states and
+# start with similar small $p_t$, so they all move along nearly the same direction, and
+# keep moving (growing longer) while they get any probability at all (Adam's normalized
+# steps make even tiny gradients count). In an
+# untied model their input rows would get no gradient at all: they would keep their
+# random initialization (random directions, length about $0.02\sqrt{128} \approx 0.23$,
+# shrunk only by weight decay); only the separate output layer's rows would be pushed.
 #
-# *Grading:* 1 point for the softmax / output-layer origin of the gradient on all rows,
-# 1 point for the consequence for rare tokens (trained every step, mostly pushed down;
-# untied input rows of rare tokens barely move).
+# *Grading:* 1 point for the origin of the gradient on all rows (the tied output layer's
+# softmax, $p_t h$ for every row), 1 point for why the never-seen rows share a direction
+# (never the target, so always pushed away from the same hidden states) or, in its place,
+# a clear statement of the untied contrast (input rows of never-seen tokens never move).
 # ### END SOLUTION
 
 # %% [markdown]
@@ -922,7 +1068,7 @@ print(f"d = 512: |PE| / |e| = {math.sqrt(512 / 2) / 1.0:.0f} unscaled, {math.sqr
 # - `one_hot_embed` and `embedding_weight_grad` (your Exercises 1–2): the lookup and its
 #   gradient written out, checked in the course's tests against `F.embedding` and autograd;
 # - `nearest_neighbours` and `pca_project` (Exercises 3–4): the tools to inspect any
-#   embedding table, used again on the trained mini-GPT in chapter 07.
+#   embedding table, used above on the course's trained mini-GPT.
 #
 # ## Further reading
 #
@@ -936,5 +1082,8 @@ print(f"d = 512: |PE| / |e| = {math.sqrt(512 / 2) / 1.0:.0f} unscaled, {math.sqr
 #   the $\sqrt{d_{model}}$ factor.
 # - Radford et al., *Language Models are Unsupervised Multitask Learners* (2019): GPT-2,
 #   tied and unscaled.
+# - Gao, He, Tan, Qin, Wang & Liu, *Representation Degeneration Problem in Training
+#   Natural Language Generation Models* (2019): how the tied softmax pushes the vectors of
+#   rare tokens into one common direction, as measured above.
 # - Pearson, *On Lines and Planes of Closest Fit to Systems of Points in Space* (1901):
 #   principal component analysis.

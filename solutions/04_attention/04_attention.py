@@ -139,8 +139,8 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 # %%
 #| test softmax_visible points=1
 def _softmax_case():
-    # row 0 has logits near 1000; row 1 is ordinary
-    return torch.tensor([[1000.0, 999.0, 998.0, 990.0], [-2.0, 0.0, 3.0, 1.0]])
+    # row 0 has logits near 1000 and one far below them; row 1 is ordinary
+    return torch.tensor([[1000.0, 999.0, 998.0, 0.0], [-2.0, 0.0, 3.0, 1.0]])
 
 
 x = _softmax_case()
@@ -149,11 +149,15 @@ try:
 except RuntimeError as error:
     raise course.CheckFailed(f"softmax raised RuntimeError: {error}. A size mismatch here usually means the maximum "
                              "or the sum lost its dimension: pass keepdim=True so it broadcasts against x") from error
+if not torch.equal(x, _softmax_case()):
+    raise course.CheckFailed("softmax changed its input x in place (x -= ..., x.exp_(), ...): the caller's tensor must "
+                             "stay as it was. Use out-of-place operations (x - m, .exp()) and return a new tensor")
 if isinstance(got, torch.Tensor) and got.shape == x.shape and not torch.isfinite(got).all():
     bad_rows = sorted({int(i) for i in (~torch.isfinite(got)).nonzero()[:, 0]})
     if bad_rows == [0]:
-        raise course.CheckFailed("softmax: NaN or inf in the row with logits near 1000: exp(1000) overflows "
-                                 "float32 (naive softmax?). Subtract the maximum before exp.")
+        raise course.CheckFailed("softmax: NaN or inf in the row [1000, 999, 998, 0]: some exponent was far above 88, "
+                                 "and exp overflows float32 there (naive softmax, or subtracting the minimum or the "
+                                 "mean?). Subtract the maximum before exp: then every exponent is <= 0.")
     raise course.CheckFailed(f"softmax: NaN or inf in rows {bad_rows}. If the ordinary row (1) is broken, you "
                              "subtracted one maximum for the whole tensor: its exps all underflow to 0 and 0/0 is "
                              "NaN. Take the maximum along dim, with keepdim=True.")
@@ -161,9 +165,13 @@ course.expect_close(
     got, torch.softmax(x, dim=-1), "softmax(x, dim=-1)",
     mistakes={"softmax over the wrong dimension (columns sum to 1, rows do not)": torch.softmax(x, dim=0)},
 )
-x = _softmax_case()[:, :3].T.contiguous()  # (3, 2): now the slices run along dim 0
+x = _softmax_case()[:, :3].T.double()  # (3, 2) in float64: now the slices run along dim 0
+got = softmax(x, dim=0)
+if isinstance(got, torch.Tensor) and got.dtype != x.dtype:
+    raise course.CheckFailed(f"softmax of a float64 tensor returned {got.dtype}: keep the input's dtype "
+                             "(no .float() or torch.tensor(...) that picks a new one)")
 course.expect_close(
-    softmax(x, dim=0), torch.softmax(x, dim=0), "softmax(x, dim=0)",
+    got, torch.softmax(x, dim=0), "softmax(x, dim=0)",
     mistakes={"dim is ignored: the softmax always runs over the last dimension": torch.softmax(x, dim=-1)},
 )
 print("softmax: visible test passed")
@@ -182,11 +190,12 @@ for shape, dim, dtype in [((3, 7), 1, torch.float64), ((2, 5, 6), 1, torch.float
     # the defining property: shift invariance along dim
     shift = 50 * torch.randn(*[1 if i == dim % len(shape) else n for i, n in enumerate(shape)], generator=g, dtype=dtype)
     course.expect_close(softmax(x + shift, dim=dim), got, f"softmax is shift-invariant {shape} dim={dim}", atol=1e-6)
-# very large and very negative logits stay finite and exact
-x = torch.tensor([[1e4, 1e4 - 2.0, -1e4], [-3e4, -3e4 + 1.0, -3e4 + 2.0]])
+# very large and very negative logits stay finite and exact (float64: exp overflows beyond 709 there, and
+# float32 could not even hold -3e4 + 1 to better than 0.002)
+x = torch.tensor([[1e4, 1e4 - 2.0, -1e4], [-3e4, -3e4 + 1.0, -3e4 + 2.0]], dtype=torch.float64)
 got = softmax(x, dim=-1)
 assert torch.isfinite(got).all(), "softmax returned NaN or inf for logits of +-1e4"
-course.expect_close(got, torch.softmax(x, dim=-1), "softmax with logits of +-1e4", atol=1e-7)
+course.expect_close(got, torch.softmax(x, dim=-1), "softmax with logits of +-1e4", atol=1e-12)
 # -inf entries (masked scores) get exactly zero weight
 x = torch.tensor([[0.5, float("-inf"), 2.0, float("-inf")]])
 got = softmax(x, dim=-1)
@@ -261,7 +270,7 @@ values = torch.tensor([[10.0, 0.0, 0.0], [0.0, 10.0, 0.0], [0.0, 0.0, 10.0]])
 for sharpness in (1.0, 5.0):
     query = sharpness * torch.tensor([0.1, 1.0])
     weights = torch.softmax(query @ keys.T, dim=-1)
-    print(f"query {query.tolist()}: weights {[round(w, 3) for w in weights.tolist()]}, "
+    print(f"query {[round(c, 2) for c in query.tolist()]}: weights {[round(w, 3) for w in weights.tolist()]}, "
           f"output {[round(o, 2) for o in (weights @ values).tolist()]}")
 
 # %% [markdown]
@@ -419,9 +428,10 @@ def _sdpa_case():
     return q, k, v
 
 
-def _sdpa_reference(q, k, v, mask=None, scale=True, dim=-1, use_mask=True, invert=False, after=False, as_numbers=False):
+def _sdpa_reference(q, k, v, mask=None, scale=True, dim=-1, use_mask=True, invert=False, after=False, as_numbers=False,
+                    by_d_k=False):
     """What correct code computes, and (with the switches) what each known mistake computes."""
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    scores = q @ k.transpose(-2, -1) / (q.shape[-1] if by_d_k else math.sqrt(q.shape[-1]) if scale else 1.0)
     if mask is not None and use_mask and not after:
         if as_numbers:
             scores = scores + mask.float()
@@ -434,10 +444,15 @@ def _sdpa_reference(q, k, v, mask=None, scale=True, dim=-1, use_mask=True, inver
 
 
 q, k, v = _sdpa_case()
+got = scaled_dot_product_attention(q, k, v)
+if not all(torch.equal(a, b) for a, b in zip((q, k, v), _sdpa_case())):
+    raise course.CheckFailed("scaled_dot_product_attention changed q, k or v in place (q /= ..., q.mul_(...)): the "
+                             "caller's tensors must stay as they were. Scale the scores, or write q = q / ...")
 course.expect_close(
-    scaled_dot_product_attention(q, k, v), _sdpa_reference(q, k, v), "scaled_dot_product_attention(q, k, v)",
+    got, _sdpa_reference(q, k, v), "scaled_dot_product_attention(q, k, v)",
     mistakes={
         "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, scale=False),
+        "divided by d_k instead of sqrt(d_k)": _sdpa_reference(q, k, v, by_d_k=True),
         "softmax over the wrong dimension (over the queries; columns sum to 1, rows do not)": _sdpa_reference(q, k, v, dim=-2),
     },
 )
@@ -464,6 +479,26 @@ if not (isinstance(result, tuple) and len(result) == 2):
     raise course.CheckFailed(f"with return_weights=True, return (output, weights); got {course.describe(result)}")
 expected_weights = torch.softmax((q @ k.transpose(-2, -1) / 2.0).masked_fill(~causal, float("-inf")), dim=-1)
 course.expect_close(result[1], expected_weights, "the weights returned with return_weights=True")
+bias = torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0])  # an additive bias: later keys are penalized
+course.expect_close(
+    scaled_dot_product_attention(q, k, v, bias=bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+    "scaled_dot_product_attention with a bias", mistakes={"the bias is ignored: add it to the scores": _sdpa_reference(q, k, v)},
+)
+blocked = causal.clone()
+blocked[2] = False  # query 2 may attend to no key at all
+out = scaled_dot_product_attention(q, k, v, mask=blocked)
+if isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
+    raise course.CheckFailed("a query whose every key is blocked gave NaN: its row of scores is all -inf and the softmax "
+                             "divides 0 by 0. Find such rows (torch.isneginf(scores).all(-1, keepdim=True)) and give "
+                             "them zero weights")
+expected = _sdpa_reference(q, k, v, causal).index_fill(1, torch.tensor([2]), 0.0)
+course.expect_close(out, expected, "scaled_dot_product_attention with a fully blocked query (row 2 must be zeros)")
+course.expect_close(scaled_dot_product_attention(q, k, v, mask=torch.zeros(5, 5).masked_fill(~blocked, float("-inf"))),
+                    expected, "the same with a float mask (row 2 all -inf) must give zeros too",
+                    hint="look for rows of -inf in the scores after the mask is added, whatever its dtype")
+course.expect_raises(ValueError, scaled_dot_product_attention, q, k, v, mask=torch.ones(5, 4, dtype=torch.bool),
+                     what="scaled_dot_product_attention with a (5, 4) mask for 5 queries and 5 keys",
+                     mistakes={"the mask's shape is not checked: call check_mask_shape(mask, scores.shape, 'mask')": RuntimeError})
 print("scaled_dot_product_attention: visible test passed")
 
 # %%
@@ -570,8 +605,8 @@ for name, mask, reference in [
 # \qquad \operatorname{Var}\!\left(\frac{q \cdot k}{\sqrt{d_k}}\right) = 1.$$
 #
 # The scores' spread grows like $\sqrt{d_k}$: at $d_k = 64$ (GPT-2's heads) a typical
-# score is 8 times larger than at $d_k = 1$, and the softmax figure above showed what a
-# factor of 8 does. Dividing by $\sqrt{d_k}$ keeps the scores at unit variance, whatever
+# score is 8 times larger than at $d_k = 1$, and the softmax figure above showed what
+# factors of 4 and 16 do. Dividing by $\sqrt{d_k}$ keeps the scores at unit variance, whatever
 # the width. Measured:
 
 # %%
@@ -587,22 +622,33 @@ for d_k in (4, 16, 64, 256, 1024):
 # Why do large scores hurt? Through the gradient. The softmax's Jacobian is
 # $\partial p_i / \partial s_j = p_i(\delta_{ij} - p_j)$. When one weight is close to 1 and
 # the rest close to 0 (a *saturated* softmax), every entry is close to 0: almost no
-# gradient reaches the scores, and so almost none reaches $W_Q$ and $W_K$, which then
-# cannot learn. The experiment: 512 queries (128 in quick mode) against 64 keys, random
-# unit-variance vectors, the attention output pushed back with a random upstream
-# gradient; we record how often a query's softmax is saturated (largest weight above
-# 0.99) and the size of the gradient at the scores, with and without the scale.
+# gradient reaches that query's scores, and so almost none reaches its query, its keys,
+# and through them $W_Q$ and $W_K$. What $W_Q$ receives is the gradient at the queries
+# ($q = W_Q x$), and by the chain rule it is the gradient at the scores times the keys:
+#
+# $$\frac{\partial L}{\partial q_i} = \frac{1}{c} \sum_j \frac{\partial L}{\partial s_{ij}}\, k_j,
+# \qquad s_{ij} = \frac{q_i \cdot k_j}{c}, \quad c = \sqrt{d_k} \text{ with the scale, } 1 \text{ without}.$$
+#
+# Without the scale two effects compete as $d_k$ grows: the keys get longer (their norm is
+# about $\sqrt{d_k}$), and the softmax saturates. The experiment: 512 queries (128 in
+# quick mode) against 64 keys, random unit-variance vectors, the attention output pushed
+# back with a random upstream gradient; we record how often a query's softmax is
+# saturated (largest weight above 0.99), and the size of the gradient at the scores and
+# at the queries, with and without the scale.
 
 # %%
 def saturation_experiment(d_k: int, scaled: bool, generator: torch.Generator, n_queries: int = 512, n_keys: int = 64):
-    """Variance of the scores, fraction of saturated softmax rows, median gradient norm at the scores."""
+    """Variance of the scores, fraction of saturated softmax rows, median gradient norms at the scores and the queries."""
     q, k = torch.randn(n_queries, d_k, generator=generator), torch.randn(n_keys, d_k, generator=generator)
     v, upstream = torch.randn(n_keys, 16, generator=generator), torch.randn(n_queries, 16, generator=generator)
-    scores = (q @ k.T / (math.sqrt(d_k) if scaled else 1.0)).requires_grad_(True)
+    q.requires_grad_(True)
+    scores = q @ k.T / (math.sqrt(d_k) if scaled else 1.0)
+    scores.retain_grad()  # keep the gradient at this intermediate tensor too
     weights = stable_softmax(scores, dim=-1)
     (weights @ v * upstream).sum().backward()
     saturated = (weights.max(dim=-1).values > 0.99).float().mean().item()
-    return scores.var().item(), saturated, scores.grad.norm(dim=-1).median().item()
+    return (scores.var().item(), saturated, scores.grad.norm(dim=-1).median().item(),
+            q.grad.norm(dim=-1).median().item())
 
 
 widths = [4, 16, 64, 256, 1024, 4096]
@@ -612,30 +658,42 @@ results = {scaled: [saturation_experiment(d, scaled, g, n_queries) for d in widt
 
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
 for scaled, style, label in ((False, "o-", "q·k (no scale)"), (True, "s-", "q·k / √d_k")):
-    axes[0].loglog(widths, [var for var, _, _ in results[scaled]], style, label=label)
-    axes[1].semilogx(widths, [100 * sat for _, sat, _ in results[scaled]], style, label=label)
-    axes[2].loglog(widths, [grad for _, _, grad in results[scaled]], style, label=label)
+    axes[0].loglog(widths, [var for var, _, _, _ in results[scaled]], style, label=label)
+    axes[1].semilogx(widths, [100 * sat for _, sat, _, _ in results[scaled]], style, label=label)
+    axes[2].loglog(widths, [grad_q for _, _, _, grad_q in results[scaled]], style, label=label)
 axes[0].set_ylabel("variance of the scores")
 axes[1].set_ylabel("queries with a saturated softmax (%)")
-axes[2].set_ylabel("median gradient norm at the scores")
-for ax, title in zip(axes, ("Scores grow with d_k", "…so the softmax saturates", "…and the gradient vanishes")):
+axes[2].set_ylabel("median gradient norm at the queries")
+for ax, title in zip(axes, ("Scores grow with d_k", "…so the softmax saturates", "…and W_Q's gradient depends on d_k")):
     ax.set_xlabel("d_k (width of a head)")
     ax.set_title(title)
     ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
-for d, (_, s0, g0), (_, s1, g1) in zip(widths, results[False], results[True]):
-    print(f"d_k = {d:4d}: saturated {100 * s0:5.1f}% vs {100 * s1:4.1f}%; gradient at the scores {g0:.1e} vs {g1:.1e} (no scale vs scale)")
+print("no scale vs scale:")
+for d, (_, s0, g0, q0), (_, s1, g1, q1) in zip(widths, results[False], results[True]):
+    print(f"d_k = {d:4d}: saturated {100 * s0:5.1f}% vs {100 * s1:4.1f}%; gradient at the scores {g0:.1e} vs {g1:.1e}; "
+          f"at the queries {q0:.1e} vs {q1:.1e}")
 
 # %% [markdown]
-# Without the scale, the share of saturated queries climbs with the width (most of them
-# by $d_k = 1024$) and the median gradient at the scores collapses by orders of magnitude;
-# with the scale, both stay where they are at every width. That is the whole reason for
-# the $\sqrt{d_k}$ in "Scaled Dot-Product": the scores keep unit variance, the softmax
-# stays in its sensitive range, and the gradient flows at initialization whatever the
-# head width. (Why $\sqrt{d_k}$ and not $d_k$? $\sqrt{d_k}$ is exactly what cancels the
-# growth of the *standard deviation*; dividing by $d_k$ would shrink the scores towards 0
-# and every softmax towards uniform.)
+# Without the scale, the share of saturated queries climbs with the width: about one in
+# five at $d_k = 64$, half at 256, more than two thirds at 1024. The gradient at the scores
+# falls with it, by seven orders of magnitude at $d_k = 4096$. The gradient that reaches
+# the queries, and so $W_Q$, tells a subtler story (right panel): up to $d_k = 64$ the
+# longer keys win and the unscaled queries get a few times *more* gradient than the scaled
+# ones (about 4 times at 64); from $d_k \approx 256$ on the saturation wins and the
+# gradient collapses, by about five orders of magnitude at 4096. With the scale, all three
+# panels are flat.
+#
+# So the scale does not rescue GPT-2-sized heads from a dead gradient; at $d_k = 64$ an
+# unscaled model still learns (with a fifth of its queries saturated). What the
+# $\sqrt{d_k}$ in "Scaled Dot-Product" buys is *width independence*: the scores keep unit
+# variance, the softmax stays in its sensitive range, and the gradient has the same size
+# at initialization whatever the head width, so one initialization and one learning rate
+# work for narrow and wide heads alike. Without it the gradient is too large at one width
+# and vanishes at another. (Why $\sqrt{d_k}$ and not $d_k$? $\sqrt{d_k}$ is exactly what
+# cancels the growth of the *standard deviation*; dividing by $d_k$ would shrink the scores
+# towards 0 and every softmax towards uniform.)
 #
 # ### Written question 1
 #
@@ -649,19 +707,24 @@ for d, (_, s0, g0), (_, s1, g1) in zip(widths, results[False], results[True]):
 # ### BEGIN SOLUTION
 # *Model answer.* The two parameterizations can represent the same functions, but
 # training has to reach them from the initialization, and without the scale the model
-# starts with scores of variance $d_k$: for realistic head widths most softmax rows are
-# saturated from the first step, and the measured gradient at the scores is orders of
-# magnitude smaller, so $W_Q$ and $W_K$ barely receive a learning signal and would have to
-# shrink through a region where they hardly learn. Choosing a smaller initialization
-# instead works at one width but must be retuned for every $d_k$; the fixed scale makes
-# the scores' variance independent of the width, so one initialization and one learning
-# rate work across model sizes. It also keeps the scores in a range where float16/bfloat16
+# starts with scores of variance $d_k$. Saturated rows pass almost no gradient: in the
+# measurement a fifth of the queries are saturated at $d_k = 64$, half at 256, and from
+# $d_k \approx 1024$ on the gradient reaching the queries (and $W_Q$) is orders of
+# magnitude smaller, so wide heads would have to shrink $W_Q$ and $W_K$ through a region
+# where they hardly learn. At small widths the opposite happens (the unscaled gradient is
+# several times larger), so without the scale the right initialization and learning rate
+# depend on $d_k$; a smaller initialization could fix one width but must be retuned for
+# every other. The fixed scale makes the scores' variance, the softmax's regime and the
+# gradient's size independent of the width, so one initialization and one learning rate
+# work across model sizes. It also keeps the scores in a range where float16/bfloat16
 # arithmetic is safe.
 #
-# *Grading:* 1 point for the optimization argument (saturated softmax, vanishing
-# gradients at initialization, the model cannot easily learn its way out); 1 point for
-# the width-independence argument (no retuning of initialization or learning rate per
-# $d_k$) or the numerical-range argument.
+# *Grading:* 1 point for the optimization argument (saturated softmax rows pass almost
+# no gradient; for wide heads the gradient reaching $W_Q$, $W_K$ collapses at
+# initialization); 1 point for the width-independence argument (the gradient's size and
+# the right initialization or learning rate would depend on $d_k$) or the numerical-range
+# argument. An answer claiming that GPT-2-sized heads ($d_k = 64$) could not learn at all
+# without the scale contradicts the measurement: no point for that part.
 # ### END SOLUTION
 
 # %% [markdown]
@@ -758,6 +821,9 @@ course.expect_close(
     hint="the result has shape (batch, seq, n_heads * head_dim)",
 )
 course.expect_close(merge_heads(split_heads(x, 4)), x, "merge_heads(split_heads(x, 4)) must give x back")
+course.expect_raises(ValueError, split_heads, _heads_case(), 3, what="split_heads(x of width 8, n_heads=3)",
+                     mistakes={"3 heads do not divide a width of 8: check it and raise ValueError (an assert is not "
+                               "an error message, and reshape's RuntimeError does not name n_heads)": (AssertionError, RuntimeError)})
 print("split_heads and merge_heads: visible test passed")
 
 # %%
@@ -846,8 +912,8 @@ print(f"heads: {tuple(heads.shape)}; largest difference from nn.MultiheadAttenti
 # ### Exercise 4 · Repeat the key/value heads
 #
 # Implement `repeat_kv(x, n_rep)`: `(batch, n_kv_heads, seq, head_dim)` →
-# `(batch, n_kv_heads * n_rep, seq, head_dim)`, each K/V head repeated `n_rep` times *in
-# place*, so the result's head $h$ is the input's head $\lfloor h / r \rfloor$ (for 2 K/V
+# `(batch, n_kv_heads * n_rep, seq, head_dim)`, each K/V head repeated `n_rep` times
+# *consecutively*, so the result's head $h$ is the input's head $\lfloor h / r \rfloor$ (for 2 K/V
 # heads and `n_rep=3`: heads 0, 0, 0, 1, 1, 1). `n_rep` below 1 is a `ValueError`.
 #
 # Difficulty ●○○ · Importance ●●○ · about 8 minutes
@@ -882,11 +948,13 @@ def _kv_case():
 x = _kv_case()
 course.expect_close(
     repeat_kv(x, 3), torch.stack([x[:, 0], x[:, 0], x[:, 0], x[:, 1], x[:, 1], x[:, 1]], dim=1), "repeat_kv(x, n_rep=3)",
-    mistakes={"the K/V heads are tiled (0, 1, 0, 1, 0, 1) instead of repeated in place (0, 0, 0, 1, 1, 1): "
+    mistakes={"the K/V heads are tiled (0, 1, 0, 1, 0, 1) instead of repeated consecutively (0, 0, 0, 1, 1, 1): "
               "query head h must use K/V head h // n_rep, so groups are consecutive": x.repeat(1, 3, 1, 1)},
     hint="the result has shape (batch, n_kv_heads * n_rep, seq, head_dim)",
 )
 course.expect_close(repeat_kv(x, 1), x, "repeat_kv(x, n_rep=1) must return x unchanged")
+course.expect_raises(ValueError, repeat_kv, x, 0, what="repeat_kv(x, n_rep=0)",
+                     hint="n_rep below 1 makes no sense (repeat_interleave(0) silently returns zero heads): raise ValueError")
 print("repeat_kv: visible test passed")
 
 # %%
@@ -958,12 +1026,23 @@ expected = 2 * 80 * 1 * 4096 * 8 * 128 * 2
 course.expect_equal(
     kv_cache_bytes(_llama2_70b(), 1, 4096), expected, "kv_cache_bytes(Llama-2-70B, batch 1, 4096 tokens)",
     mistakes={
-        "only keys or only values counted (the factor 2 is missing)": expected // 2,
+        "half the bytes: only keys or only values counted (the factor 2 is missing), or bytes_per_element "
+        "ignored (that counts numbers, not bytes)": expected // 2,
         "n_heads used instead of n_kv_heads: the query heads are not cached, only the K/V heads": expected * 8,
         "the layers are missing: every layer has its own cache": expected // 80,
-        "bytes_per_element ignored (this counts numbers, not bytes)": expected // 2,
     },
 )
+per_sequence = 2 * 80 * 1000 * 8 * 128
+course.expect_equal(
+    kv_cache_bytes(_llama2_70b(), 3, 1000, bytes_per_element=4), 3 * per_sequence * 4,
+    "kv_cache_bytes(Llama-2-70B, batch 3, 1000 tokens, bytes_per_element=4)",
+    mistakes={
+        "batch_size ignored: every sequence of the batch has its own cache": per_sequence * 4,
+        "bytes_per_element ignored: 2 bytes assumed whatever the argument says": 3 * per_sequence * 2,
+        "bytes_per_element ignored (this counts numbers, not bytes)": 3 * per_sequence,
+    },
+)
+course.expect_raises(ValueError, kv_cache_bytes, _llama2_70b(), 1, -4096, what="kv_cache_bytes with seq_len=-4096")
 print(f"kv_cache_bytes: visible test passed ({expected / 2**30:.2f} GiB)")
 
 # %%
@@ -1111,7 +1190,7 @@ def get_attention_backend(name: str) -> AttentionBackend:
 
 
 def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``mask`` (checked against the scores' shape) combined with the (offset) causal mask.
+    """``mask`` (already checked against the scores' shape) combined with the (offset) causal mask.
 
     q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
     stays bool; a float mask gets -inf where the causal mask forbids.
@@ -1120,16 +1199,25 @@ def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) ->
     allowed = causal_mask(q_len, q.device, k_len=k_len)
     if mask is None:
         return allowed
-    check_mask_shape(mask, torch.Size((*q.shape[:-1], k_len)), "mask")
     if mask.dtype == torch.bool:
         return mask & allowed
     return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
 
 
+def _backend_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """The mask a backend applies: ``mask`` checked against the scores' shape (``ValueError``,
+    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model), and
+    combined with the (offset) causal mask when ``causal``. None when nothing is masked."""
+    if mask is not None:
+        check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
+        if mask.is_floating_point():
+            mask = mask.to(q.dtype)
+    return _with_causal(mask, q, k) if causal else mask
+
+
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
-    if causal:
-        mask = _with_causal(mask, q, k)
+    mask = _backend_mask(mask, q, k, causal)
     if dropout_p == 0.0:
         return scaled_dot_product_attention(q, k, v, mask=mask)
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
@@ -1141,10 +1229,9 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     q_len, k_len = q.shape[-2], k.shape[-2]
     if causal and mask is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if causal:
-        mask = _with_causal(mask, q, k)
-    if mask is not None and mask.is_floating_point():
-        mask = mask.to(q.dtype)
+    mask = _backend_mask(mask, q, k, causal)
+    if mask is not None and mask.dim() < 2:
+        mask = mask.reshape(1, -1)  # a (k_len,) or scalar mask: torch wants at least (.., k_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if mask is None:
         return out
@@ -1267,9 +1354,7 @@ class MultiHeadAttention(nn.Module):
                           positions: torch.Tensor | None = None) -> torch.Tensor:
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
-        if self.causal:
-            mask = _with_causal(mask, q, k)
-        return scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]
+        return scaled_dot_product_attention(q, k, v, mask=_backend_mask(mask, q, k, self.causal), return_weights=True)[1]
 
 # %% [markdown]
 # `MultiHeadAttention` above calls your `split_heads`, `merge_heads`, `repeat_kv` and
@@ -1455,12 +1540,12 @@ plt.show()
 
 # %% [markdown]
 # Every map is lower-triangular (the causal mask) and every row sums to 1. After the full
-# training run (500 steps; quick mode's 30 steps show little yet) the heads differ: some
-# put most of their weight on the character just before (a *previous-token head*, the
-# stripe just below the diagonal), some on the character itself, some jump back to the
-# last space, where the current word began. The table measures it over 64 random
-# stretches of held-out text: for each head, the average weight on the previous character,
-# on the same character, and the average distance looked back.
+# training run (500 steps; quick mode's 30 steps show little yet) the heads differ. One
+# phrase is a small sample, so the table measures the heads over 64 random stretches of
+# held-out text (4,032 queries): for each head, the average weight on the previous
+# character, on the same character, and the average distance looked back. A head that
+# spread its weight evenly over everything it may see would look back 16 characters on
+# average.
 
 # %%
 with torch.no_grad():
@@ -1475,6 +1560,16 @@ for layer, layer_maps in enumerate(sample_maps):
         back = (m * distance[1:]).sum(-1).mean().item()
         print(f"layer {layer + 1} head {head + 1}: weight on previous char {previous:.2f}, on itself {same:.2f}, "
               f"mean distance looked back {back:5.1f} chars")
+
+# %% [markdown]
+# After the full run, one head (layer 1, head 2) is a *previous-token head*: about three
+# quarters of its weight goes to the character just before, the stripe just below the
+# diagonal in its map. No head puts most of its weight on the character itself (a quarter
+# at most). The others mix the last few characters, looking back 3 to 8 characters on
+# average, far less than the 16 of an even spread: in a character model, what predicts
+# the next letter lies mostly in the current word. The maps of the phrase show sharper
+# single rows than these averages; an average over thousands of queries is what says
+# what a head does.
 
 # %% [markdown]
 # ## Tee check
@@ -1523,6 +1618,7 @@ with torch.no_grad():
 #   positions=None, kv_cache=None)` and `attention_weights`;
 # - the backend registry `register_attention_backend` / `get_attention_backend` with
 #   "math" and "sdpa";
+# - the cache protocol `KVCacheLike` and its smallest implementation, `ConcatCache`;
 # - `kv_cache_bytes` (Exercise 5).
 #
 # Chapter 05 adds the feed-forward network and chapter 06 wraps both in the residual
