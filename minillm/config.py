@@ -131,18 +131,18 @@ GPT2_SIZES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large"
 
 
 def _gpt2(name: str, d: int, layers: int, heads: int, context: int = 1024) -> ModelConfig:
-    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context)
+    return ModelConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d, context_length=context,
+                       ffn="gelu_tanh")
 
 
-# GPT-1, GPT-2 and GPT-3 computed GELU with its tanh approximation ("gelu_tanh"); their
-# presets say "gelu", which has the same parameters.
+# GPT-1, GPT-2 and GPT-3 computed GELU with its tanh approximation ("gelu_tanh").
 PRESETS = {
     "transformer-base": ModelConfig(
         name="transformer-base", vocab_size=37000, context_length=512, d_model=512, n_layers=6, n_heads=8,
         d_ff=2048, architecture="encoder-decoder", n_decoder_layers=6, positions="sinusoidal",
         norm_placement="post", ffn="relu"),
     "gpt1": ModelConfig(
-        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False),
+        name="gpt1", vocab_size=40478, context_length=512, norm_placement="post", final_norm=False, ffn="gelu_tanh"),
     "bert-base": ModelConfig(
         name="bert-base", vocab_size=30522, context_length=512, architecture="encoder", norm_placement="post",
         final_norm=False, embedding_norm=True, n_token_types=2, pooler=True),
