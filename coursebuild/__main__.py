@@ -19,6 +19,8 @@ from . import bundle, execute, manifest, notebooks, package, paths, release
 
 
 def build_notebooks(slugs, run: bool) -> None:
+    if run:
+        build_package()  # the notebooks import the package: it must match their sources first
     for slug in tqdm(slugs, desc="notebooks", disable=len(slugs) < 2):
         notebook = notebooks.build_notebook(slug)
         target = paths.solution_notebook(slug)

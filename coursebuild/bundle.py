@@ -73,7 +73,8 @@ def stub_modules(slug: str) -> dict[str, str]:
     """The modules of a chapter as its learner notebook writes them: exercises as stubs."""
     exercises = learner_exercises(slug)
     texts = {}
-    for target, (_, bodies) in package.exports([slug], paths.release_notebook).items():
+    learner_notebook = nbformat.read(paths.release_notebook(slug), as_version=4)
+    for target, (_, bodies) in package.exports([slug], lambda _: learner_notebook).items():
         header = STUB_HEADER.format(notebook=f"chapters/{slug}/{slug}.ipynb")
         names = tuple(exercises.get(target, ()))
         texts[target] = header + "\n" + "\n\n\n".join(bodies) + f"\n\n\n{LEARNER_EXERCISES} = {names!r}\n"

@@ -1,9 +1,7 @@
-"""Write the ``minillm`` modules from the export cells of the solution notebooks."""
+"""Write the ``minillm`` modules from the export cells of the chapters (as their sources define them)."""
 from __future__ import annotations
 
 import re
-
-import nbformat
 
 from . import paths
 
@@ -29,12 +27,15 @@ def _body(cell) -> str:
     return "\n".join(line for line in lines if not MARKERS.match(line)).strip("\n")
 
 
-def exports(slugs: list[str], notebook_of=paths.solution_notebook) -> dict[str, tuple[str, list[str]]]:
+def exports(slugs: list[str], read=None) -> dict[str, tuple[str, list[str]]]:
     """Every exported module's path (relative to the repository), its owning chapter and
-    the bodies of its export cells, in order, read from ``notebook_of(slug)``."""
+    the bodies of its export cells, in order, from ``read(slug)``: by default the notebook
+    as the chapter source defines it (so the package never waits for an execution)."""
+    if read is None:
+        from .notebooks import build_notebook as read
     found: dict[str, tuple[str, list[str]]] = {}
     for slug in slugs:
-        notebook = nbformat.read(notebook_of(slug), as_version=4)
+        notebook = read(slug)
         for cell in notebook.cells:
             target = export_target(cell)
             if target is None:
