@@ -421,6 +421,9 @@ def test_rotary_from_chapter_03_plugs_in():
     layer = MultiHeadAttention(32, 4, causal=True, rotary=lambda x, p: positional.apply_rope(x, p, 10000.0)).double()
     x = randn(2, 6, 32)
     torch.testing.assert_close(layer(x, positions=torch.arange(50, 56)), layer(x))
+    module = MultiHeadAttention(32, 4, causal=True, rotary=positional.RotaryEmbedding(8)).double()
+    module.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(module(x), layer(x), msg="the RotaryEmbedding module rotates like apply_rope")
 
 
 def test_backend_registry(monkeypatch):

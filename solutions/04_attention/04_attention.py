@@ -1275,7 +1275,8 @@ class MultiHeadAttention(nn.Module):
     the attention-backend registry ("math", "sdpa"; chapter 10 adds "flash"). causal: each
     position attends only to itself and earlier positions (cached ones included).
     rotary: None or a callable ``rotary(x, positions) -> x`` applied to the queries and
-    keys, x: (batch, heads, seq, head_dim), positions: (seq,) (chapter 03's RotaryEmbedding).
+    keys, x: (batch, heads, seq, head_dim), positions: (seq,); chapter 03's RotaryEmbedding
+    module may be passed as it is (its ``rotate`` is used).
 
     Parameters: ``qkv``, one Linear d_model → (n_heads + 2 n_kv_heads) head_dim whose
     output rows are [W_Q; W_K; W_V] (for n_kv_heads == n_heads, the layout of
@@ -1295,6 +1296,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_kv_heads ({n_kv_heads!r}) must be a positive int dividing n_heads ({n_heads})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        rotary = getattr(rotary, "rotate", rotary)  # a RotaryEmbedding: rotate one tensor at a time
         if rotary is not None and not callable(rotary):
             raise TypeError(f"rotary must be None or callable as rotary(x, positions), got {type(rotary).__name__}")
         get_attention_backend(backend)
