@@ -46,19 +46,22 @@ def exercise_names(cell_source: str) -> list[str]:
     return [node.name for node in ast.parse(code).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
 
 
-def learner_exercises(slug: str) -> dict[str, list[str]]:
-    """For each module a chapter exports: the names its answer cells define."""
+def learner_exercises(learner_notebook) -> dict[str, list[str]]:
+    """For each module a learner notebook exports: the names its answer cells define."""
     found: dict[str, list[str]] = {}
-    for cell in nbformat.read(paths.release_notebook(slug), as_version=4).cells:
+    for cell in learner_notebook.cells:
         target = package.export_target(cell)
         if target and cell.metadata.get("nbgrader", {}).get("solution"):
             found.setdefault(target, []).extend(exercise_names(cell.source))
     return found
 
 
-def owners() -> dict[str, str | None]:
-    """Every module of the package and the chapter it belongs to (None: infrastructure)."""
-    owner = {target: slug for target, (slug, _) in package.exports(paths.present_slugs()).items()}
+def owners(generated: dict[str, tuple[str, list[str]]]) -> dict[str, str | None]:
+    """Every module of the package and the chapter it belongs to (None: infrastructure).
+
+    ``generated``: ``package.exports`` of the chapters present.
+    """
+    owner = {target: slug for target, (slug, _) in generated.items()}
     for entry in CHAPTERS:
         for module in entry.modules:
             owner.setdefault(module.replace(".", "/") + ".py", entry.slug)
@@ -69,16 +72,17 @@ def owners() -> dict[str, str | None]:
     }
 
 
-def stub_modules(slug: str) -> dict[str, str]:
-    """The modules of a chapter as its learner notebook writes them: exercises as stubs."""
-    exercises = learner_exercises(slug)
-    texts = {}
+def stub_modules(slug: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The modules of a chapter as its learner notebook writes them (exercises as stubs),
+    and the exercise names of each."""
     learner_notebook = nbformat.read(paths.release_notebook(slug), as_version=4)
+    exercises = learner_exercises(learner_notebook)
+    texts = {}
     for target, (_, bodies) in package.exports([slug], lambda _: learner_notebook).items():
         header = STUB_HEADER.format(notebook=f"chapters/{slug}/{slug}.ipynb")
         names = tuple(exercises.get(target, ()))
         texts[target] = header + "\n" + "\n\n\n".join(bodies) + f"\n\n\n{LEARNER_EXERCISES} = {names!r}\n"
-    return texts
+    return texts, exercises
 
 
 def _index(slug: str, present: list[str], argument: str) -> int:
@@ -200,16 +204,15 @@ def build(upto: str, out: Path, due: str | None = None) -> Path:
 
     modules, exercises = {}, {}
     generated = package.exports(paths.present_slugs())
-    for module, owner in owners().items():
+    for module, owner in owners(generated).items():
         # Plain modules of a chapter hold no answer: they ship once it is handed out.
         ships = owner in due_slugs or (owner in handed_out and module not in generated)
         if owner is None or ships:
             modules[module] = (paths.ROOT / module).read_text(encoding="utf-8")
     for slug in handed_out:
         if slug not in due_slugs:
-            for module, text in stub_modules(slug).items():
-                modules[module] = text
-            exercises[slug] = learner_exercises(slug)
+            texts, exercises[slug] = stub_modules(slug)
+            modules.update(texts)
     for module, text in modules.items():
         (target / module).write_text(text, encoding="utf-8")
 
