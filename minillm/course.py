@@ -72,6 +72,18 @@ def setup(seed: int = 0) -> torch.device:
     return device
 
 
+def smooth(values, weight: float = 0.9) -> list[float]:
+    """An exponential moving average of a loss curve, for plotting: each point is
+    ``weight`` times the previous smoothed point plus ``1 - weight`` times the new value."""
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"weight must be in [0, 1), got {weight!r}")
+    out, running = [], values[0]
+    for value in values:
+        running = weight * running + (1 - weight) * value
+        out.append(running)
+    return out
+
+
 class CheckFailed(AssertionError):
     """A visible test found a mistake; the message says which."""
 

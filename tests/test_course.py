@@ -97,6 +97,13 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     assert out[2] == "double: using your implementation, also inside minillm.fake_chapter"
 
 
+def test_smooth_is_an_exponential_moving_average():
+    assert course.smooth([4.0, 0.0, 2.0], weight=0.5) == [4.0, 2.0, 2.0]
+    assert course.smooth([1.0, 3.0], weight=0.0) == [1.0, 3.0]
+    with pytest.raises(ValueError, match="weight"):
+        course.smooth([1.0], weight=1.0)
+
+
 def test_seed_everything_reproduces_and_rejects_bad_seeds():
     course.seed_everything(3)
     a = torch.rand(3)

@@ -1096,18 +1096,10 @@ with course.one_thread():
 # variants.
 
 # %%
-def smooth(values, weight=0.9):
-    out, running = [], values[0]
-    for v in values:
-        running = weight * running + (1 - weight) * v
-        out.append(running)
-    return out
-
-
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for colour, label in zip(("0.5", "C0", "C2"), VARIANTS):
     mean_curve = torch.tensor([curves[label, seed] for seed in SEEDS]).mean(0).tolist()
-    ax.plot(smooth(mean_curve), color=colour, label=f"{label}: held-out loss {sum(held_out[label, s] for s in SEEDS) / len(SEEDS):.3f}")
+    ax.plot(course.smooth(mean_curve), color=colour, label=f"{label}: held-out loss {sum(held_out[label, s] for s in SEEDS) / len(SEEDS):.3f}")
 ax.axhline(math.log(len(alphabet)), color="0.8", linestyle=":", label="uniform guess")
 ax.set_xlabel("training step")
 ax.set_ylabel("training loss (nats per character, smoothed)")

@@ -928,22 +928,13 @@ with course.one_thread():  # these small matrices gain nothing from a second CPU
     for residual in tqdm((False, True), desc="deep stacks"):
         stack_runs[residual] = train_stack(residual, DEPTH, STACK_STEPS)
 
-
-def smooth(values, weight=0.9):
-    out, running = [], values[0]
-    for v in values:
-        running = weight * running + (1 - weight) * v
-        out.append(running)
-    return out
-
-
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
 for residual, colour in ((False, "C3"), (True, "C0")):
     losses, grad_norms, _, _ = stack_runs[residual]
     name = "residual" if residual else "plain"
     left.semilogy(range(1, DEPTH + 1), grad_norms[0], "o-", color=colour, label=f"{name}, first step")
     left.semilogy(range(1, DEPTH + 1), grad_norms[STACK_STEPS - 1], "s--", color=colour, alpha=0.6, label=f"{name}, last step")
-    right.plot(smooth(losses), color=colour, label=f"{name}: last loss {sum(losses[-20:]) / 20:.2f}")
+    right.plot(course.smooth(losses), color=colour, label=f"{name}: last loss {sum(losses[-20:]) / 20:.2f}")
 left.set_xlabel("layer (1 = nearest the input)")
 left.set_ylabel("gradient norm of the layer's weights (log scale)")
 left.set_title("Without residuals the gradient vanishes towards the input")
@@ -1509,7 +1500,7 @@ print(f"{len(lm_runs)} runs of {LM_STEPS} steps, {LM_LAYERS} layers, in {time.pe
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
 for (label, colour) in zip(RUNS, ("C3", "C1", "C0")):
     run = lm_runs[label, 0]
-    left.plot(smooth(run["losses"]), color=colour, label=label)
+    left.plot(course.smooth(run["losses"]), color=colour, label=label)
     right.semilogy(range(1, LM_LAYERS + 1), run["grad_norms"], "o-", color=colour, label=label)
 left.axhline(unigram_loss, color="0.6", linestyle=":", label="character frequencies only")
 left.set_xlabel("training step")
