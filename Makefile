@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv constraints lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -20,15 +20,31 @@ help:
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
+	@echo "make constraints  re-resolve the dependencies into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
 
-# Reinstalls only when pyproject.toml changed since the last install.
-$(STAMP): pyproject.toml
+# Installs the course with the exact versions of constraints.txt, and again whenever
+# pyproject.toml or constraints.txt changed since the last install.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip check --disable-pip-version-check
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# Resolves pyproject.toml's ranges afresh in a new venv and writes the exact versions it got
+# into constraints.txt (README.md, "Upgrading the pinned versions"). Then run
+# `make clean-venv test` and commit constraints.txt.
+LOCK_VENV := build/lock-venv
+constraints:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(LOCK_VENV)/bin/python -m pip check --disable-pip-version-check
+	$(LOCK_VENV)/bin/python -m coursebuild.constraints > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
 
 # Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers
 # stay yours, and chapters added by `git pull` appear. Stop JupyterLab with Ctrl-C.

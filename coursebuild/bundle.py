@@ -126,9 +126,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab doctor
 
-$(BIN)/jupyter: pyproject.toml
+$(BIN)/jupyter: pyproject.toml constraints.txt
 \t@test -x $(BIN)/python || $(PYTHON) -m venv .venv
-\t$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+\t$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
 \t@touch $@
 
 lab: $(BIN)/jupyter
@@ -218,6 +218,7 @@ def build(upto: str, out: Path, due: str | None = None) -> Path:
 
     (target / "pyproject.toml").write_text(_pyproject(), encoding="utf-8")
     shutil.copy2(paths.ROOT / "environment.yml", target / "environment.yml")
+    shutil.copy2(paths.ROOT / "constraints.txt", target / "constraints.txt")
     (target / "Makefile").write_text(MAKEFILE, encoding="utf-8")
     (target / "README.md").write_text(_readme(handed_out, due_slugs), encoding="utf-8")
     manifest = {"handed_out": handed_out, "due": due_slugs, "modules": sorted(modules), "exercises": exercises}

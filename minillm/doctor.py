@@ -11,6 +11,8 @@ import platform
 import sys
 
 CORPUS_MD5 = "6fb458f1232090904fb40fe944165e91"
+# pyproject.toml's requires-python (a test keeps the two equal).
+MIN_PYTHON = (3, 11)
 
 
 def _version(module: str) -> str:
@@ -19,7 +21,7 @@ def _version(module: str) -> str:
 
 def checks():
     """Yield (ok, label, detail) for each check."""
-    yield sys.version_info >= (3, 10), "python", platform.python_version()
+    yield sys.version_info >= MIN_PYTHON, "python", f"{platform.python_version()} (needs {'.'.join(map(str, MIN_PYTHON))} or newer)"
     try:
         import torch
 

@@ -29,7 +29,10 @@ def files_of(folder: Path) -> dict[str, str]:
 
 def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
     top = sorted(p.name for p in built.iterdir())
-    assert top == ["Makefile", "README.md", "bundle.json", "chapters", "data", "environment.yml", "minillm", "pyproject.toml"]
+    assert top == ["Makefile", "README.md", "bundle.json", "chapters", "constraints.txt", "data", "environment.yml",
+                   "minillm", "pyproject.toml"]
+    assert (built / "constraints.txt").read_text() == (paths.ROOT / "constraints.txt").read_text()
+    assert "-c constraints.txt" in (built / "Makefile").read_text(), "the bundle installs the pinned versions"
     assert sorted(p.name for p in (built / "chapters").iterdir()) == [*DUE, NOT_DUE]
     for slug in [*DUE, NOT_DUE]:
         assert (built / "chapters" / slug / f"{slug}.ipynb").read_bytes() == paths.release_notebook(slug).read_bytes()
