@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,10 +20,8 @@ import nbformat
 
 from coursebuild import paths
 
-from . import analysis
+from . import analysis, marks
 
-EXPORT = re.compile(r"^#\|\s*export\s+(\S+)\s*$")
-HIDDEN = "### BEGIN HIDDEN TESTS"
 # Cell tags a chapter may use to steer the judge's plan.
 FORCE_TAG, SKIP_TAG = "grader-needs", "grader-skip"
 
@@ -87,7 +84,7 @@ def _kind(cell) -> str:
     if meta.get("solution"):
         return "answer" if cell.cell_type == "code" else "written"
     if meta.get("grade"):
-        if HIDDEN in cell.source:
+        if marks.is_hidden_test(cell.source):
             return "hidden"
         tree = analysis.parse(cell.source)
         # In a learner's release a hidden test is only its comment: a placeholder.
@@ -200,11 +197,9 @@ class Chapter:
         """Dotted names of the package modules this chapter's cells export."""
         found = []
         for cell in self.cells:
-            if cell.cell_type != "code" or not cell.source:
-                continue
-            match = EXPORT.match(cell.source.split("\n", 1)[0])
-            if match and match.group(1).endswith(".py"):
-                module = match.group(1)[:-3].replace("/", ".")
+            target = marks.export_target(cell.source) if cell.cell_type == "code" else None
+            if target and target.endswith(".py"):
+                module = target[:-3].replace("/", ".")
                 if module not in found:
                     found.append(module)
         return found

@@ -17,8 +17,10 @@ import re
 
 import nbformat
 
+from . import marks
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?(### END HIDDEN TESTS\n?|\Z)", re.S)
+HIDDEN = re.compile(rf"{re.escape(marks.HIDDEN_BEGIN)}.*?({re.escape(marks.HIDDEN_END)}\n?|\Z)", re.S)
 MAX_TEXT = 20_000
 MAX_IMAGE = 2 * 2**20
 

@@ -5,6 +5,8 @@ import json
 
 import nbformat
 
+from autograder import marks
+
 from . import paths
 
 
@@ -17,7 +19,7 @@ def graded_cells(notebook) -> dict[str, dict]:
             continue
         if meta.get("solution"):
             kind = "manual"
-        elif "### BEGIN HIDDEN TESTS" in cell.source:
+        elif marks.is_hidden_test(cell.source):
             kind = "hidden"
         else:
             kind = "visible"

@@ -3,7 +3,7 @@
 Cell directives, on the first lines of a cell, become metadata and are removed:
 
 ``#| answer ID``           an autograded answer cell (nbgrader "solution")
-``#| test ID points=N``    a graded test cell; hidden when it holds BEGIN HIDDEN TESTS
+``#| test ID points=N``    a graded test cell; hidden when it holds ``marks.HIDDEN_BEGIN``
 ``#| written ID points=N`` a manually graded answer (markdown)
 ``#| stable``              nbval compares this cell's output (tag ``nbval-check-output``)
 ``#| tags T [T ...]``      extra cell tags
@@ -19,11 +19,12 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from autograder import marks
+
 from . import paths
 
 DIRECTIVE = re.compile(r"^#\|\s*(\w+)\s*(.*)$")
 GRADE_ID = re.compile(r"^[a-z0-9_]+$")
-HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
@@ -71,7 +72,7 @@ def apply_directives(cell, where: str) -> None:
         name, rest = DIRECTIVE.match(lines.pop(0)).groups()
         label = f"{where} directive {name!r}"
         if name == "export":
-            kept_head.append(f"#| export {rest.strip()}")
+            kept_head.append(marks.export_line(rest.strip()))
         elif name == "answer":
             grade_id, _ = _parse_options(rest)
             cell.metadata["nbgrader"] = _nbgrader(grade_id, grade=False, solution=True, locked=False)
@@ -95,8 +96,8 @@ def apply_directives(cell, where: str) -> None:
     cell.source = "\n".join(kept_head + lines).strip("\n")
     if tags:
         cell.metadata["tags"] = tags
-    if cell.metadata.get("nbgrader", {}).get("solution") and "### BEGIN SOLUTION" not in cell.source:
-        raise ValueError(f"{where}: an answer cell needs ### BEGIN SOLUTION / ### END SOLUTION")
+    if cell.metadata.get("nbgrader", {}).get("solution") and marks.SOLUTION_BEGIN not in cell.source:
+        raise ValueError(f"{where}: an answer cell needs {marks.SOLUTION_BEGIN} / {marks.SOLUTION_END}")
 
 
 def build_notebook(slug: str) -> nbformat.NotebookNode:

@@ -1,7 +1,9 @@
-"""Where the course's files live, and the fixed list of chapter slugs."""
+"""Where the course's files live, and the chapter slugs."""
 from __future__ import annotations
 
 from pathlib import Path
+
+from minillm import coursemap
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
@@ -9,22 +11,8 @@ CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "minillm"
 MANIFEST = ROOT / "autograder" / "manifest.json"
 
-SLUGS = (
-    "00_history",
-    "01_tokenization",
-    "02_embeddings",
-    "03_positional_encoding",
-    "04_attention",
-    "05_feed_forward",
-    "06_normalization",
-    "07_mini_llm",
-    "08_scaling",
-    "09_kv_cache",
-    "10_flash_attention",
-    "11_mixture_of_experts",
-    "12_lora",
-    "13_dpo",
-)
+# Every chapter of the course, in order, written or not: the course map is their one list.
+SLUGS = tuple(entry.slug for entry in coursemap.CHAPTERS)
 
 # Files beside a solution notebook that the release must never copy: the jupytext source
 # (it holds the solutions and hidden tests) and the instructor notes (model answers).

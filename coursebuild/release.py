@@ -10,6 +10,8 @@ from pathlib import Path
 import nbformat
 from traitlets.config import Config
 
+from autograder import marks
+
 from . import notebooks, paths
 
 
@@ -31,6 +33,11 @@ def course_config(root: Path) -> Config:
     config.Exchange.root = str(root / "exchange")
     config.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     config.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+    # nbgrader finds the regions by these substrings; the manifest and the grader use the same.
+    config.ClearSolutions.begin_solution_delimeter = marks.SOLUTION_BEGIN
+    config.ClearSolutions.end_solution_delimeter = marks.SOLUTION_END
+    config.ClearHiddenTests.begin_test_delimeter = marks.HIDDEN_BEGIN
+    config.ClearHiddenTests.end_test_delimeter = marks.HIDDEN_END
     config.OverwriteCells.add_missing_cells = True
     config.ExecutePreprocessor.timeout = 600
     config.Execute.timeout = 600

@@ -1,8 +1,11 @@
 """The build chain's cell directives and export rules."""
+from pathlib import Path
+
 import nbformat
 import pytest
 
-from coursebuild import notebooks, package
+from autograder import marks
+from coursebuild import manifest, notebooks, package, release
 
 
 def cell(source, kind="code"):
@@ -41,3 +44,24 @@ def test_export_strips_markers_and_directive():
     assert package.export_target(exported) == "minillm/x.py"
     assert package._body(exported) == "def f():\n    return 1"
     assert package.export_target(cell("x = 1")) is None
+    assert package.export_target(cell("#| export minillm/x.py", kind="markdown")) is None
+
+
+def test_the_export_mark_is_one_line_and_round_trips():
+    assert marks.export_target(marks.export_line("minillm/attention.py") + "\nx = 1") == "minillm/attention.py"
+    assert marks.export_target("#|  export   minillm/x.py  ") == "minillm/x.py"
+    assert marks.export_target("x = 1\n#| export minillm/x.py") is None, "only the first line counts"
+    assert marks.export_target("# export minillm/x.py") is None
+    assert marks.export_target("") is None
+
+
+def test_the_release_and_the_grader_share_the_hidden_test_marks():
+    """nbgrader finds hidden tests and solutions by the same marks as the manifest and grader."""
+    config = release.course_config(Path("."))
+    assert config.ClearHiddenTests.begin_test_delimeter == marks.HIDDEN_BEGIN
+    assert config.ClearHiddenTests.end_test_delimeter == marks.HIDDEN_END
+    assert config.ClearSolutions.begin_solution_delimeter == marks.SOLUTION_BEGIN
+    hidden = cell(f"#| test f_hidden points=2\nassert True\n{marks.HIDDEN_BEGIN}\nassert f() == 1\n{marks.HIDDEN_END}")
+    notebooks.apply_directives(hidden, "t")
+    notebook = nbformat.v4.new_notebook(cells=[hidden])
+    assert manifest.graded_cells(notebook) == {"f_hidden": {"points": 2, "kind": "hidden"}}

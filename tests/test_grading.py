@@ -7,6 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from autograder import marks
 from autograder.results import failure_message
 from coursebuild import manifest, paths
 
@@ -59,8 +60,8 @@ def test_feedback_never_shows_hidden_tests(slug, grading_root):
     solution = nbformat.read(paths.solution_notebook(slug), as_version=4)
     hidden_lines = {
         line.strip()
-        for cell in solution.cells if "### BEGIN HIDDEN TESTS" in cell.source
-        for line in cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].splitlines()
+        for cell in solution.cells if marks.is_hidden_test(cell.source)
+        for line in cell.source.split(marks.HIDDEN_BEGIN)[1].split(marks.HIDDEN_END)[0].splitlines()
         if len(line.strip()) > 12
     }
     assert hidden_lines
