@@ -53,11 +53,13 @@ lab: $(STAMP)
 	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
 	cd $(WORK) && $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
-# Unit, sync and grading tests on both cores; then each solution notebook in quick mode
-# under nbval, one kernel per notebook (nbval's cells must run in order in one process).
+# Unit, sync and grading tests on both cores; then the solution notebooks in quick mode
+# under nbval, also on both cores: nbval runs a notebook's cells in order in one kernel,
+# and --dist loadfile sends each notebook whole to one worker (plain --dist load would
+# split its cells across two kernels).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -p no:xdist solutions $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
 # The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so the run
 # is bit-identical on any machine with the same torch version. Prints the validation loss
