@@ -42,14 +42,14 @@ def parse(source: str) -> ast.Module | None:
         return None
 
 
-def _target_names(node: ast.AST) -> set[str]:
+def target_names(node: ast.AST) -> set[str]:
     """Names bound by an assignment target (``a``, ``a, (b, *c)``; not ``a.x`` or ``a[i]``)."""
     if isinstance(node, ast.Name):
         return {node.id}
     if isinstance(node, (ast.Tuple, ast.List)):
-        return set().union(*(_target_names(e) for e in node.elts)) if node.elts else set()
+        return set().union(*(target_names(e) for e in node.elts)) if node.elts else set()
     if isinstance(node, ast.Starred):
-        return _target_names(node.value)
+        return target_names(node.value)
     return set()
 
 
@@ -81,7 +81,7 @@ def _scoped_locals(node: ast.AST) -> set[str]:
                     if inner is not sub and isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
                         local.add(inner.id)
         elif isinstance(sub, ast.comprehension):
-            local |= _target_names(sub.target)
+            local |= target_names(sub.target)
     return local
 
 
@@ -103,9 +103,9 @@ def _bound_by_statement(stmt: ast.stmt) -> set[str]:
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {stmt.name}
     if isinstance(stmt, ast.Assign):
-        return set().union(*(_target_names(t) for t in stmt.targets))
+        return set().union(*(target_names(t) for t in stmt.targets))
     if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-        return _target_names(stmt.target)
+        return target_names(stmt.target)
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         return _import_names(stmt)
     return set()
@@ -119,11 +119,11 @@ def all_bindings(tree: ast.Module) -> set[str]:
         for stmt in stmts:
             bound.update(_bound_by_statement(stmt))
             if isinstance(stmt, (ast.For, ast.AsyncFor)):
-                bound.update(_target_names(stmt.target))
+                bound.update(target_names(stmt.target))
             if isinstance(stmt, (ast.With, ast.AsyncWith)):
                 for item in stmt.items:
                     if item.optional_vars is not None:
-                        bound.update(_target_names(item.optional_vars))
+                        bound.update(target_names(item.optional_vars))
             if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
                 for handler in stmt.handlers:
                     if handler.name:
@@ -131,7 +131,7 @@ def all_bindings(tree: ast.Module) -> set[str]:
             if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 for sub in ast.walk(stmt):
                     if isinstance(sub, ast.NamedExpr):
-                        bound.update(_target_names(sub.target))
+                        bound.update(target_names(sub.target))
                 for name in ("body", "orelse", "finalbody"):
                     visit(getattr(stmt, name, []) or [])
                 for handler in getattr(stmt, "handlers", []) or []:
@@ -151,7 +151,7 @@ def _definite_bindings(tree: ast.Module) -> set[str]:
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:
                 if item.optional_vars is not None:
-                    bound |= _target_names(item.optional_vars)
+                    bound |= target_names(item.optional_vars)
     return bound
 
 
@@ -178,7 +178,7 @@ def free_reads(tree: ast.Module) -> set[str]:
                 bound.add(stmt.name)
             elif isinstance(stmt, (ast.For, ast.AsyncFor)):
                 free.update(loads(stmt.iter) - bound)
-                scan(stmt.body, bound | _target_names(stmt.target))
+                scan(stmt.body, bound | target_names(stmt.target))
                 scan(stmt.orelse, set(bound))
             elif isinstance(stmt, ast.While):
                 free.update(loads(stmt.test) - bound)
@@ -192,7 +192,7 @@ def free_reads(tree: ast.Module) -> set[str]:
                 for item in stmt.items:
                     free.update(loads(item.context_expr) - bound)
                     if item.optional_vars is not None:
-                        bound |= _target_names(item.optional_vars)
+                        bound |= target_names(item.optional_vars)
                 scan(stmt.body, bound)
             elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
                 scan(stmt.body, set(bound))
@@ -212,25 +212,25 @@ def free_reads(tree: ast.Module) -> set[str]:
                             if isinstance(sub, (ast.Attribute, ast.Subscript)):
                                 free.update(loads(sub) - bound)
                 for target in stmt.targets:
-                    bound |= _target_names(target)
+                    bound |= target_names(target)
             elif isinstance(stmt, ast.AugAssign):
-                free.update((loads(stmt.value) | loads(stmt.target) | _target_names(stmt.target)) - bound)
-                bound |= _target_names(stmt.target)
+                free.update((loads(stmt.value) | loads(stmt.target) | target_names(stmt.target)) - bound)
+                bound |= target_names(stmt.target)
             elif isinstance(stmt, ast.AnnAssign):
                 if stmt.value is not None:
                     free.update(loads(stmt.value) - bound)
-                    bound |= _target_names(stmt.target)
+                    bound |= target_names(stmt.target)
             elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 bound |= _import_names(stmt)
             elif isinstance(stmt, ast.Delete):
                 free.update(loads(stmt) - bound)
                 for target in stmt.targets:
-                    bound -= _target_names(target)
+                    bound -= target_names(target)
             else:
                 free.update(loads(stmt) - bound)
                 for sub in ast.walk(stmt):
                     if isinstance(sub, ast.NamedExpr):
-                        bound |= _target_names(sub.target)
+                        bound |= target_names(sub.target)
 
     scan(tree.body, set())
     return free - BUILTINS

@@ -276,7 +276,7 @@ class Chapter:
                 if covered:
                     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                     for target in targets:
-                        for name in analysis._target_names(target):
+                        for name in analysis.target_names(target):
                             fallbacks.setdefault(name, set()).update(covered)
         for bound, name in direct.items():
             fallbacks.setdefault(bound, set()).add(name)

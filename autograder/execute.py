@@ -23,7 +23,7 @@ import nbformat
 
 from .chapters import Chapter
 from .kernel import StudentKernel
-from .sandbox import Limits, Sandbox, claim, die_with_parent
+from .sandbox import Limits, Sandbox, claim, die_with_parent, start_time
 
 # Variables of the grader's own environment that the judge keeps (the judge runs trusted
 # code, but it has no need of anything else either).
@@ -102,10 +102,8 @@ def _kill_judge(judge: tuple[int, str] | None) -> None:
     """Kill the judge (a pid and its start time, so that a reused pid is never hit)."""
     if not judge or not judge[0]:
         return
-    from .sandbox import _start_time
-
     pid, started = judge
-    if _start_time(pid) == started:
+    if start_time(pid) == started:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -156,8 +154,6 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     os.chmod(channel, 0o600)
     judge_pid = None
     fallback = None
-    from .sandbox import _start_time
-
     try:
         judge_pid = Zygote.get(env).spawn(private / "plan.json", channel, private / "judge.log", judge_env)
     except (OSError, ValueError, RuntimeError):
@@ -166,7 +162,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
             stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
             cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
         judge_pid = fallback.pid
-    judge = (judge_pid, _start_time(judge_pid))
+    judge = (judge_pid, start_time(judge_pid))
     kernel = StudentKernel(sandbox, limits, notebook)
     flags = list(sandbox.isolation.flags)
     seconds = {}

@@ -45,11 +45,20 @@ SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
+class ChapterRef:
+    """The chapter a submission is graded against: a chapter of the course by its slug, or,
+    with ``master``, any master notebook (a fixture, a course of one's own) under that slug."""
+
+    slug: str
+    master: Path | None = None  # absolute path of the master notebook; None: the course's own
+
+
+@dataclass(frozen=True)
 class Job:
-    path: str        # absolute path of the submission
-    name: str        # its results folder, unique in the batch
-    chapter: str     # slug, or "slug=MASTER_PATH" for a master given by path
-    student: str     # the gradebook's student id
+    path: str            # absolute path of the submission
+    name: str            # its results folder, unique in the batch
+    chapter: ChapterRef
+    student: str         # the gradebook's student id
 
 
 def _safe(text: str) -> str:
@@ -77,36 +86,36 @@ def plan(files, chapter: str | None = None, master: Path | None = None) -> list[
         path = Path(path).resolve()
         if master is not None:
             slug = chapter or Path(master).stem
-            key = f"{slug}={Path(master).resolve()}"
+            ref = ChapterRef(slug, Path(master).resolve())
         else:
             slug = chapter_of(path, chapter)
-            key = slug
+            ref = ChapterRef(slug)
         if folder is not None:
             relative = path.relative_to(Path(folder).resolve()).with_suffix("")
             name = _safe("__".join(relative.parts))
         else:
             name = _safe(path.stem)
-        entries.append([path, name, key, slug])
+        entries.append([path, name, ref])
     counts: dict[str, int] = {}
     for entry in entries:
         counts[entry[1]] = counts.get(entry[1], 0) + 1
     jobs, seen = [], set()
-    for path, name, key, slug in entries:
+    for path, name, ref in entries:
         if counts[name] > 1:
             name = f"{name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         if str(path) in seen:
             continue
         seen.add(str(path))
-        jobs.append(Job(str(path), name, key, _student(path, slug, name)))
+        jobs.append(Job(str(path), name, ref, _student(path, ref.slug, name)))
     return jobs
 
 
 @lru_cache(maxsize=32)
-def load_chapter(key: str) -> Chapter:
-    if "=" in key:
-        slug, master = key.split("=", 1)
-        return Chapter.from_master(Path(master), slug)
-    return Chapter.load(key)
+def load_chapter(ref: ChapterRef) -> Chapter:
+    """The chapter ``ref`` names, read once per process."""
+    if ref.master is not None:
+        return Chapter.from_master(ref.master, ref.slug)
+    return Chapter.load(ref.slug)
 
 
 def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None = None,
@@ -182,7 +191,9 @@ def already_graded(job: Job, out: Path) -> dict | None:
     return previous
 
 
-def _finish(job: Job, graded: dict, out: Path, course) -> dict:
+def write_graded(job: Job, graded: dict, out: Path, course) -> dict:
+    """Write what ``grade_submission`` returned for ``job`` into ``out/<name>/`` and the
+    gradebook ``course`` (a ``CourseGradebook`` or None), ``results.json`` last; its results."""
     outcome = graded["results"]
     folder = out / job.name
     results.write_atomic(folder / "feedback.html", graded["feedback"])
@@ -251,8 +262,8 @@ def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, 
         else:
             todo.append(job)
     if gradebook is not None:
-        for key in sorted({job.chapter for job in todo}):
-            gradebook.ensure_assignment(load_chapter(key))
+        for ref in sorted({job.chapter for job in todo}, key=lambda ref: (ref.slug, str(ref.master))):
+            gradebook.ensure_assignment(load_chapter(ref))
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(batch), initial=len(batch) - len(todo), desc="grading", unit="notebook",
@@ -260,7 +271,7 @@ def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, 
     try:
         if jobs == 1 or len(todo) <= 1:
             for job in todo:
-                done[job.path] = _finish(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
+                done[job.path] = write_graded(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
                 bar.update(1)
         else:
             import multiprocessing
@@ -273,14 +284,9 @@ def grade_files(files, out: Path, chapter: str | None = None, *, jobs: int = 1, 
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:
                         job = pending.pop(future)
-                        done[job.path] = _finish(job, future.result(), out, gradebook)
+                        done[job.path] = write_graded(job, future.result(), out, gradebook)
                         bar.update(1)
     finally:
         bar.close()
         write_summary(out, [(job, done[job.path]) for job in batch if job.path in done])
     return [done[job.path] for job in batch]
-
-
-def grade_one(path: Path, out: Path, chapter: str | None = None, **options) -> dict:
-    """Grade a single notebook into ``out/<name>/``."""
-    return grade_files([path], out, chapter, **options)[0]

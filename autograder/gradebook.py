@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from coursebuild.release import _alembic_on_path, course_config
+from coursebuild.release import alembic_on_path, course_config
 
 CONFIG = """\
 # nbgrader settings for the course directory the autograder fills.
@@ -53,7 +53,7 @@ class CourseGradebook:
     def gradebook(self):
         from nbgrader.api import Gradebook
 
-        _alembic_on_path()
+        alembic_on_path()
         return Gradebook(self.db_url)
 
     def ensure_assignment(self, chapter) -> None:

@@ -165,7 +165,9 @@ def read_only_paths() -> list[str]:
     return paths
 
 
-def _start_time(pid: int) -> str:
+def start_time(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or "" when it is gone:
+    with the pid it names one process, even after the pid is reused."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
@@ -174,7 +176,7 @@ def _start_time(pid: int) -> str:
 
 def claim(folder: Path) -> None:
     """Mark ``folder`` as this process's, so that a later run can sweep it if we are killed."""
-    (Path(folder) / ".owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
+    (Path(folder) / ".owner").write_text(f"{os.getpid()} {start_time(os.getpid())}")
 
 
 def sweep_stale(parent: Path | None = None) -> list[Path]:
@@ -186,7 +188,7 @@ def sweep_stale(parent: Path | None = None) -> list[Path]:
             pid, started = (folder / ".owner").read_text().split()
         except (OSError, ValueError):
             continue
-        if _start_time(int(pid)) != started:
+        if start_time(int(pid)) != started:
             _kill_processes_mentioning(folder)
             if os.path.ismount(folder / "share"):
                 unmount(folder / "share")

@@ -28,7 +28,7 @@ def overhead(slug: str, workdir: Path) -> list[dict]:
     """Grade ``slug``'s solution twice; the timings of each run."""
     from autograder.chapters import Chapter
     from autograder.gradebook import CourseGradebook
-    from autograder.grade import _finish, grade_submission, plan
+    from autograder.grade import write_graded, grade_submission, plan
     from autograder.sandbox import Limits
 
     from tests import grading_fixture as fx
@@ -45,7 +45,7 @@ def overhead(slug: str, workdir: Path) -> list[dict]:
         start = time.perf_counter()
         graded = grade_submission(job, Limits(), jobs=1)
         graded_at = time.perf_counter()
-        _finish(job, graded, workdir / "out", course)
+        write_graded(job, graded, workdir / "out", course)
         end = time.perf_counter()
         seconds = graded["results"]["extra_data"]["seconds"]
         assert graded["results"]["score"] == graded["results"]["max_score"], graded["results"]["tests"]

@@ -15,7 +15,7 @@ from autograder import marks
 from . import notebooks, paths
 
 
-def _alembic_on_path() -> None:
+def alembic_on_path() -> None:
     """nbgrader runs ``alembic`` from PATH; make the one beside this Python findable."""
     scripts = str(Path(sys.executable).parent)
     if scripts not in os.environ.get("PATH", "").split(os.pathsep):
@@ -50,7 +50,7 @@ def generate(slugs: list[str], workdir: Path) -> dict[str, nbformat.NotebookNode
     """Run nbgrader's generate_assignment on each chapter inside ``workdir``."""
     from nbgrader.apps import NbGraderAPI
 
-    _alembic_on_path()
+    alembic_on_path()
     for slug in slugs:
         shutil.copytree(
             paths.SOLUTIONS / slug,

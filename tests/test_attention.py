@@ -416,7 +416,7 @@ def test_rotary_with_cache_needs_positions_and_then_equals_full():
 
 
 def test_rotary_from_chapter_03_plugs_in():
-    positional = pytest.importorskip("minillm.positional", reason="chapter 03 (minillm.positional) is not built yet")
+    from minillm import positional
     torch.manual_seed(8)
     layer = MultiHeadAttention(32, 4, causal=True, rotary=lambda x, p: positional.apply_rope(x, p, 10000.0)).double()
     x = randn(2, 6, 32)

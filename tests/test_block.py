@@ -388,7 +388,7 @@ def test_block_rejects_bad_input():
 # ---------------------------------------------------------------- parity with real models
 
 def test_pre_norm_block_is_gpt2_block():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, n_positions=16, vocab_size=50, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new",
                                      layer_norm_epsilon=1e-5)
@@ -417,7 +417,7 @@ def test_pre_norm_block_is_gpt2_block():
 
 
 def test_llama_style_block_is_llama_decoder_layer():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32,
                                       rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False, mlp_bias=False)
@@ -443,7 +443,7 @@ def test_llama_style_block_is_llama_decoder_layer():
 
 
 def test_block_accepts_the_course_rotary_embedding():
-    positional = pytest.importorskip("minillm.positional")
+    from minillm import positional
     torch.manual_seed(16)
     ours = TransformerBlock(32, 4, 64, rotary=positional.RotaryEmbedding(8).rotate).eval()
     by_hand = TransformerBlock(32, 4, 64, rotary=rotate_half_rope(10000.0)).eval()

@@ -12,7 +12,9 @@ from minillm.config import (
 
 @pytest.fixture(scope="module")
 def transformers():
-    return pytest.importorskip("transformers", reason="transformers is a test dependency of the course")
+    import transformers
+
+    return transformers
 
 
 def n_parameters(model: torch.nn.Module) -> int:

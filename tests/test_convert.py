@@ -1,11 +1,10 @@
 """minillm.convert: a random-weight transformers GPT-2 (no download) gives the same logits in GPT."""
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers", reason="transformers is a test dependency of the course")
-
-from minillm.config import count_parameters  # noqa: E402
-from minillm.convert import from_hf_gpt2, gpt2_config  # noqa: E402
+from minillm.config import count_parameters
+from minillm.convert import from_hf_gpt2, gpt2_config
 
 
 def _hf(**overrides):

@@ -142,3 +142,19 @@ def test_every_package_the_code_and_tests_import_is_declared():
         if not owners & declared:
             undeclared[module] = sorted(owners) or "not installed"
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def test_no_test_skips_on_a_package_that_is_always_installed():
+    """pytest.importorskip on a declared package can never skip: it only hides a broken install."""
+    always = {canonicalize_name(r.name) for r in constraints.declared() if r.marker is None}
+    distributions = importlib.metadata.packages_distributions()
+    guards = []
+    for path in (paths.ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.importorskip"
+                    and isinstance(node.args[0], ast.Constant)):
+                module = node.args[0].value.split(".")[0]
+                owners = {canonicalize_name(d) for d in distributions.get(module, [])}
+                if module in LOCAL or owners & always:
+                    guards.append(f"{path.name}:{node.lineno} {node.args[0].value}")
+    assert not guards, f"importorskip on packages that are always installed: {guards}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autograder.chapters import Chapter
-from autograder.grade import plan
+from autograder.grade import ChapterRef, plan
 
 from . import grading_fixture as fx
 
@@ -36,6 +36,7 @@ def test_same_named_files_from_different_folders_never_collide(tmp_path, fixture
     b = fx.write(fx.submission(chapter), tmp_path / "b" / f"{fx.SLUG}.ipynb")
     as_files = plan([a, b], master=master)
     assert len({job.name for job in as_files}) == 2
+    assert {job.chapter for job in as_files} == {ChapterRef(fx.SLUG, Path(master).resolve())}
     assert plan([a, b], master=master) == as_files, "names are stable from run to run"
     in_folder = plan([(a, tmp_path), (b, tmp_path)], master=master)
     assert [job.name for job in in_folder] == [f"a__{fx.SLUG}", f"b__{fx.SLUG}"]
@@ -48,8 +49,8 @@ def test_the_chapter_comes_from_the_file_name_never_the_metadata(tmp_path):
     data = fx.submission(Chapter.load("00_history"))
     data["metadata"]["chapter"] = "01_tokenization"
     path = fx.write(data, tmp_path / "00_history.ipynb")
-    assert plan([path])[0].chapter == "00_history"
-    assert plan([path], chapter="01")[0].chapter == "01_tokenization"
+    assert plan([path])[0].chapter == ChapterRef("00_history")
+    assert plan([path], chapter="01")[0].chapter == ChapterRef("01_tokenization")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -145,7 +145,7 @@ def test_interleaved_rope_matches_complex_rotation(shape, theta):
 
 @pytest.mark.parametrize("head_dim,theta", [(8, 10000.0), (64, 10000.0), (32, 500000.0)])
 def test_split_half_rope_matches_hugging_face_llama(head_dim, theta):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     n_heads, seq, batch = 2, 11, 3
@@ -279,7 +279,6 @@ def test_slopes_match_the_papers_code(n):
 
 @pytest.mark.parametrize("n", [4, 6, 12, 16, 20])
 def test_slopes_match_hugging_face_bloom(n):
-    pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
     alibi = build_alibi_tensor(torch.ones(1, 3), n, torch.float32)  # (heads, 1, seq): slope * key position
@@ -308,7 +307,6 @@ def test_alibi_decode_rows_equal_the_last_rows_of_the_full_bias():
 def test_alibi_attention_equals_bloom_after_the_causal_mask():
     # BLOOM adds slope * key_position instead; the two differ by a constant per query row,
     # which the softmax ignores, so the causal attention weights agree.
-    pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
     n_heads, seq = 6, 9

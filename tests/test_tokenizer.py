@@ -45,7 +45,7 @@ PARITY_TEXTS = {
 @pytest.fixture(scope="module")
 def tiktoken_gpt2(tmp_path_factory):
     """tiktoken's own get_encoding("gpt2"), served offline from a cache of the bundled files."""
-    tiktoken = pytest.importorskip("tiktoken")
+    import tiktoken
     cache = tmp_path_factory.mktemp("tiktoken-cache")
     vocab_json, merges_txt = data.gpt2_files()
     (cache / hashlib.sha1(TIKTOKEN_URLS["encoder.json"].encode()).hexdigest()).write_bytes(vocab_json.read_bytes())
@@ -415,7 +415,7 @@ def test_decoding_an_unknown_id_names_it(shakespeare, gpt2):
 
 
 def test_decode_accepts_integer_tensors(gpt2):
-    torch = pytest.importorskip("torch")
+    import torch
     ids = gpt2.encode("Tensors of ids decode too.")
     assert gpt2.decode(torch.tensor(ids)) == gpt2.decode(ids) == "Tensors of ids decode too."
 
