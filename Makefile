@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 # Resolves pyproject.toml's ranges afresh in a new venv and writes the exact versions it got
-# into constraints.txt (README.md, "Upgrading the pinned versions"). Then run
+# into constraints.txt (README.md, "Pinned versions"). Then run
 # `make clean-venv test` and commit constraints.txt.
 LOCK_VENV := build/lock-venv
 constraints:

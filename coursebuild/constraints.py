@@ -29,7 +29,7 @@ INSTALLER = "pip"
 HEADER = """\
 # The exact version of every package the course installs, for pip's -c. Written by
 # `make constraints` from a fresh resolve of pyproject.toml's ranges; do not edit by hand.
-# Used by `make venv` and environment.yml. README.md, "Upgrading the pinned versions".
+# Used by `make venv` and environment.yml. README.md, "Pinned versions".
 """
 
 
