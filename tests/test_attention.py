@@ -1,7 +1,8 @@
 """minillm.attention against torch's attention (functional and nn.MultiheadAttention), naive
 formulas and hand-computed values, the defining properties, the hooks, and bad input."""
+import copy
 import math
-import re
+import sys
 
 import pytest
 import torch
@@ -264,6 +265,35 @@ def test_gqa_matches_torch_sdpa_with_enable_gqa(n_kv_heads, backend):
     torch.testing.assert_close(layer(x), expected)
 
 
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_separate_projections_equal_the_fused_one(n_kv_heads, bias):
+    torch.manual_seed(11)
+    fused = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias, causal=True).double()
+    split = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias, causal=True, fused_qkv=False).double()
+    assert not hasattr(split, "qkv") and (split.q.out_features, split.k.out_features) == (32, 8 * n_kv_heads)
+    assert sum(p.numel() for p in split.parameters()) == sum(p.numel() for p in fused.parameters())
+    rows = [32, 8 * n_kv_heads, 8 * n_kv_heads]  # [W_Q; W_K; W_V]
+    with torch.no_grad():
+        for linear, weight in zip((split.q, split.k, split.v), fused.qkv.weight.split(rows)):
+            linear.weight.copy_(weight)
+        if bias:
+            for linear, b in zip((split.q, split.k, split.v), fused.qkv.bias.split(rows)):
+                linear.bias.copy_(b)
+        split.out.load_state_dict(fused.out.state_dict())
+    x = randn(2, 6, 32)
+    torch.testing.assert_close(split(x), fused(x))
+    torch.testing.assert_close(split.attention_weights(x), fused.attention_weights(x))
+
+
+def test_only_the_output_projection_is_marked_as_residual():
+    from minillm.markers import is_residual_projection
+
+    for fused_qkv in (True, False):
+        layer = MultiHeadAttention(16, 4, fused_qkv=fused_qkv)
+        assert [name for name, m in layer.named_modules() if is_residual_projection(m)] == ["out"]
+
+
 def test_gqa_parameter_count_shrinks_with_kv_heads():
     from minillm.config import attention_parameters
 
@@ -426,12 +456,19 @@ def test_rotary_from_chapter_03_plugs_in():
     torch.testing.assert_close(module(x), layer(x), msg="the RotaryEmbedding module rotates like apply_rope")
 
 
-def test_backend_registry(monkeypatch):
-    monkeypatch.setattr(attention, "_BACKENDS", dict(attention._BACKENDS))
+@pytest.fixture
+def backends(monkeypatch):
+    """A copy of the registry in the module's place, so that a test's entries do not outlive it."""
+    registry = copy.deepcopy(attention.ATTENTION_BACKENDS)
+    monkeypatch.setattr(attention, "ATTENTION_BACKENDS", registry)
+    return registry
+
+
+def test_backend_registry(backends):
     assert get_attention_backend("math") is attention.math_attention
     assert get_attention_backend("sdpa") is attention.sdpa_attention
-    with pytest.raises(ValueError, match=re.escape("['math', 'sdpa']")):
-        get_attention_backend("flash")
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'; known: flash, math, sdpa, triton"):
+        get_attention_backend("nope")
     calls = []
 
     def counting(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -446,10 +483,42 @@ def test_backend_registry(monkeypatch):
     assert calls == [((2, 4, 3, 4), (2, 4, 3, 4), True)]  # K/V heads repeated before the backend
     layer.backend = "math"
     torch.testing.assert_close(out, layer(x))
-    with pytest.raises(TypeError, match="fn"):
-        register_attention_backend("broken", "not a function")
+    register_attention_backend("counting", counting)  # the same entry again changes nothing
+    with pytest.raises(ValueError, match="attention backend 'counting' is already registered.*replace=True"):
+        register_attention_backend("counting", attention.sdpa_attention)
+    register_attention_backend("counting", attention.sdpa_attention, replace=True)
+    assert get_attention_backend("counting") is attention.sdpa_attention
+    with pytest.raises(ValueError, match="attention backend 'math' is already registered"):
+        register_attention_backend("math", counting)  # no silent replacement of a built-in
+    with pytest.raises(TypeError, match="callable"):
+        register_attention_backend("broken", 3)
     with pytest.raises(ValueError, match="name"):
         register_attention_backend("", counting)
+
+
+def test_backends_are_looked_up_in_the_module_at_every_call(monkeypatch):
+    """The built-ins are forward references: what stands at minillm.attention.math_attention
+    when a layer runs (a learner's, in a student bundle) is what it calls."""
+    calls = []
+
+    def mine(q, k, v, mask=None, causal=False, dropout_p=0.0):
+        calls.append(causal)
+        return torch.zeros_like(q)
+
+    layer = MultiHeadAttention(16, 4, causal=True, bias=False)
+    monkeypatch.setattr(attention, "math_attention", mine)
+    assert torch.equal(layer(torch.randn(2, 3, 16)), torch.zeros(2, 3, 16)) and calls == [True]
+
+
+@pytest.mark.parametrize("name, module", [("flash", "minillm.flash"), ("triton", "minillm.flash_triton")])
+def test_chapter_10_backends_are_declared_and_name_their_chapter_where_missing(monkeypatch, name, module):
+    assert name in attention.ATTENTION_BACKENDS
+    monkeypatch.setitem(sys.modules, module, None)  # an installation without chapter 10
+    message = rf"attention backend '{name}' comes from chapter 10_flash_attention \({module}\)"
+    with pytest.raises(ValueError, match=message):
+        get_attention_backend(name)
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(16, 4, backend=name)
 
 
 def test_sdpa_backend_zeroes_fully_masked_queries_with_cached_offset():

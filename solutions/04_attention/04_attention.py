@@ -58,8 +58,8 @@ A query whose every key is masked gets zero weights and a zero output, never NaN
 
 Hooks for later chapters: ``MultiHeadAttention(rotary=...)`` takes a rotary position
 module (chapter 03), ``forward(..., kv_cache=...)`` takes a cache (chapter 09; ``ConcatCache``
-is the smallest one), and ``register_attention_backend`` adds an attention kernel
-(chapter 10 registers "flash").
+is the smallest one), and ``ATTENTION_BACKENDS`` names the attention kernels, chapter 10's
+"flash" and "triton" among them.
 """
 
 import math
@@ -68,6 +68,10 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minillm.checks import boolean, positive_int, probability
+from minillm.markers import mark_residual_projection
+from minillm.registry import Registry
 
 # %% [markdown]
 # ## A stable softmax
@@ -1148,45 +1152,63 @@ plt.show()
 #
 # The same attention can be computed by different kernels: the explicit math of
 # Exercise 2, PyTorch's fused `F.scaled_dot_product_attention`, and (chapter 10) a tiled
-# FlashAttention. `MultiHeadAttention` looks its kernel up by name in a small registry,
-# so a later chapter adds one with `register_attention_backend("flash", fn)` and every
-# model can use it, without patching this module.
+# FlashAttention. `MultiHeadAttention` looks its kernel up by name in a registry,
+# `ATTENTION_BACKENDS`, so a later chapter adds one without patching this module, and a
+# model's configuration can name it.
+#
+# An entry of the registry is a *forward reference*, a string `"module:attribute"` that is
+# imported only when the name is looked up. That lets this chapter declare the names of
+# kernels that do not exist yet: "flash" and "triton" point into chapter 10's modules, and
+# looking them up before chapter 10 is installed says where they come from. (Chapter 05
+# meets a second registry and explains why its entries are forward references.)
 #
 # A backend receives the heads after the K/V heads have been repeated to match the
 # queries and a `causal` flag, rather than a materialized mask, so that a
 # kernel can skip blocked tiles instead of reading a mask. With cached keys, causal means
 # the queries are the *last* positions: PyTorch's `is_causal=True` aligns the triangle to
 # the top-left corner instead, so the "sdpa" backend builds the offset mask itself when
-# the lengths differ.
+# the lengths differ. The registry's docstring is the contract every backend follows.
 
 # %%
 #| export minillm/attention.py
 AttentionBackend = Callable[..., torch.Tensor]
-_BACKENDS: dict[str, AttentionBackend] = {}
+
+ATTENTION_BACKENDS = Registry("attention backend")
+"""The attention kernels, by name: ``MultiHeadAttention(backend=name)`` calls ``ATTENTION_BACKENDS.get(name)``.
+
+The contract of a backend, the one place it is written:
+
+    fn(q, k, v, mask=None, causal=False, dropout_p=0.0) -> (batch, n_heads, q_len, head_dim)
+
+- q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_heads, k_len, head_dim), the K/V
+  heads already repeated to the query heads.
+- mask: None, bool (True = may attend) or float (added to the scores), broadcastable to
+  (batch, n_heads, q_len, k_len).
+- causal: query i may attend to key j when j <= i + k_len - q_len (the queries are the
+  last q_len positions, as with a KV cache; not the top-left alignment of torch's
+  ``is_causal``).
+- dropout_p: the probability of dropping an attention weight (0 outside training).
+- A query whose every key is masked gets a zero output, never NaN.
+
+Entries: "math" and "sdpa" (this chapter); "flash" and "triton", declared here as forward
+references into chapter 10's modules.
+"""
 
 
-def register_attention_backend(name: str, fn: AttentionBackend) -> None:
-    """Make ``fn`` available as ``MultiHeadAttention(backend=name)``; an existing name is replaced.
+def register_attention_backend(name: str, fn: AttentionBackend | str, *, replace: bool = False) -> None:
+    """Make ``fn`` available as ``MultiHeadAttention(backend=name)``.
 
-    A backend is called as ``fn(q, k, v, mask=None, causal=False, dropout_p=0.0)`` with
-    q: (batch, heads, q_len, head_dim) and k, v: (batch, heads, k_len, head_dim) (K/V heads
-    already repeated to the query heads); ``mask``: None, bool (True = may attend) or float
-    (added to the scores), broadcastable to (batch, heads, q_len, k_len); ``causal``: query
-    i may attend to key j when j <= i + k_len - q_len (the queries are the last q_len
-    positions). It returns (batch, heads, q_len, head_dim), zeros for fully masked queries.
+    fn: a callable that follows the contract of ``ATTENTION_BACKENDS``, or a forward
+    reference "module:attribute". A name that is taken by another entry is a ValueError
+    unless ``replace=True``.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    _BACKENDS[name] = fn
+    ATTENTION_BACKENDS.register(name, fn, replace=replace)
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
-    """The backend registered as ``name``; ``ValueError`` listing the known names otherwise."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; known backends: {sorted(_BACKENDS)}")
-    return _BACKENDS[name]
+    """The backend registered as ``name``, resolved now; ``ValueError`` for an unknown name
+    (listing the known ones) or for a later chapter's backend this installation lacks."""
+    return ATTENTION_BACKENDS.get(name)
 
 
 def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -1239,8 +1261,24 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     return out.masked_fill(empty, 0.0)  # some kernels return NaN for fully masked queries
 
 
-register_attention_backend("math", math_attention)
-register_attention_backend("sdpa", sdpa_attention)
+ATTENTION_BACKENDS.register("math", "minillm.attention:math_attention")
+ATTENTION_BACKENDS.register("sdpa", "minillm.attention:sdpa_attention")
+ATTENTION_BACKENDS.register("flash", "minillm.flash:flash_backend", chapter="10_flash_attention")
+ATTENTION_BACKENDS.register("triton", "minillm.flash_triton:triton_backend", chapter="10_flash_attention")
+
+# %% [markdown]
+# The registry lists every name it knows, the declared ones included, without importing
+# anything; a lookup imports what the name points to. Until chapter 10 is installed, asking
+# for "flash" says where it will come from:
+
+# %%
+print(ATTENTION_BACKENDS)
+print("math →", get_attention_backend("math").__name__)
+try:
+    get_attention_backend("flash")
+    print("flash → chapter 10's kernel is installed")
+except ValueError as error:
+    print(f"flash → ValueError: {error}")
 
 # %% [markdown]
 # ### The module
@@ -1278,24 +1316,30 @@ class MultiHeadAttention(nn.Module):
     keys, x: (batch, heads, seq, head_dim), positions: (seq,); chapter 03's RotaryEmbedding
     module may be passed as it is (its ``rotate`` is used).
 
-    Parameters: ``qkv``, one Linear d_model → (n_heads + 2 n_kv_heads) head_dim whose
-    output rows are [W_Q; W_K; W_V] (for n_kv_heads == n_heads, the layout of
-    ``nn.MultiheadAttention.in_proj_weight``), and ``out``, the Linear d_model → d_model.
+    fused_qkv: one Linear for the queries, keys and values (fast), or three (False), so
+    that an adapter can wrap the query and value projections alone (chapter 12).
+
+    Parameters: with ``fused_qkv``, ``qkv``, one Linear d_model → (n_heads + 2 n_kv_heads)
+    head_dim whose output rows are [W_Q; W_K; W_V] (for n_kv_heads == n_heads, the layout of
+    ``nn.MultiheadAttention.in_proj_weight``); without, ``q`` (d_model → d_model) and ``k``,
+    ``v`` (d_model → n_kv_heads head_dim), the same three blocks of rows. ``out``, the Linear
+    d_model → d_model, is marked as a residual projection (``minillm.markers``).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, backend: str = "math", causal: bool = False, rotary=None):
+                 dropout: float = 0.0, backend: str = "math", causal: bool = False, rotary=None,
+                 fused_qkv: bool = True):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("d_model", d_model)
+        positive_int("n_heads", n_heads)
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads ({n_kv_heads!r}) must be a positive int dividing n_heads ({n_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        probability("dropout", dropout)
+        for name, flag in (("bias", bias), ("causal", causal), ("fused_qkv", fused_qkv)):
+            boolean(name, flag)
         rotary = getattr(rotary, "rotate", rotary)  # a RotaryEmbedding: rotate one tensor at a time
         if rotary is not None and not callable(rotary):
             raise TypeError(f"rotary must be None or callable as rotary(x, positions), got {type(rotary).__name__}")
@@ -1303,12 +1347,19 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout, self.backend, self.causal, self.rotary = dropout, backend, causal, rotary
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.fused_qkv = fused_qkv
+        kv_width = n_kv_heads * self.head_dim
+        if fused_qkv:
+            self.qkv = nn.Linear(d_model, d_model + 2 * kv_width, bias=bias)
+        else:
+            self.q = nn.Linear(d_model, d_model, bias=bias)
+            self.k = nn.Linear(d_model, kv_width, bias=bias)
+            self.v = nn.Linear(d_model, kv_width, bias=bias)
+        self.out = mark_residual_projection(nn.Linear(d_model, d_model, bias=bias))
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"backend={self.backend!r}, causal={self.causal}")
+                f"backend={self.backend!r}, causal={self.causal}, fused_qkv={self.fused_qkv}")
 
     def _heads(self, x: torch.Tensor, positions, kv_cache):
         """Queries (batch, n_heads, seq, head_dim) and keys, values (batch, n_heads, k_len, head_dim)."""
@@ -1319,8 +1370,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"positions must be a tensor of shape ({seq},), got {getattr(positions, 'shape', positions)}")
         if kv_cache is not None and not callable(getattr(kv_cache, "update", None)):
             raise TypeError(f"kv_cache must have a method update(k, v), got {type(kv_cache).__name__}")
-        kv_width = self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1)
+        if self.fused_qkv:
+            kv_width = self.n_kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
         q, k, v = split_heads(q, self.n_heads), split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
         if self.rotary is not None:
             if positions is None:
@@ -1616,10 +1670,10 @@ with torch.no_grad():
 #   zeros for fully masked queries, optional weights; `causal_mask`, also for cached keys;
 # - `split_heads`, `merge_heads` (Exercise 3) and `repeat_kv` (Exercise 4);
 # - `MultiHeadAttention(d_model, n_heads, n_kv_heads=None, bias=True, dropout=0.0,
-#   backend="math", causal=False, rotary=None)` with `forward(x, mask=None,
+#   backend="math", causal=False, rotary=None, fused_qkv=True)` with `forward(x, mask=None,
 #   positions=None, kv_cache=None)` and `attention_weights`;
-# - the backend registry `register_attention_backend` / `get_attention_backend` with
-#   "math" and "sdpa";
+# - the backend registry `ATTENTION_BACKENDS` ("math", "sdpa"; "flash" and "triton"
+#   declared for chapter 10), with `register_attention_backend` / `get_attention_backend`;
 # - the cache protocol `KVCacheLike` and its smallest implementation, `ConcatCache`;
 # - `kv_cache_bytes` (Exercise 5).
 #
