@@ -1162,12 +1162,16 @@ plt.show()
 # looking them up before chapter 10 is installed says where they come from. (Chapter 05
 # meets a second registry and explains why its entries are forward references.)
 #
-# A backend receives the heads after the K/V heads have been repeated to match the
-# queries and a `causal` flag, rather than a materialized mask, so that a
-# kernel can skip blocked tiles instead of reading a mask. With cached keys, causal means
-# the queries are the *last* positions: PyTorch's `is_causal=True` aligns the triangle to
-# the top-left corner instead, so the "sdpa" backend builds the offset mask itself when
-# the lengths differ. The registry's docstring is the contract every backend follows.
+# A backend receives the keys and values *un-repeated*, one head per K/V head, so that a
+# kernel written for grouped-query attention reads each K/V head once instead of
+# `n_heads / n_kv_heads` copies: the memory traffic GQA exists to save. The "math" backend
+# repeats them with your `repeat_kv`; the "sdpa" backend lets PyTorch's kernel share them
+# (`enable_gqa=True`). It also receives a `causal` flag rather than a materialized mask, so
+# that a kernel can skip blocked tiles instead of reading a mask. With cached keys, causal
+# means the queries are the *last* positions: PyTorch's `is_causal=True` aligns the
+# triangle to the top-left corner instead, so the "sdpa" backend builds the offset mask
+# itself when the lengths differ. The registry's docstring is the contract every backend
+# follows.
 
 # %%
 #| export minillm/attention.py
@@ -1176,19 +1180,24 @@ AttentionBackend = Callable[..., torch.Tensor]
 ATTENTION_BACKENDS = Registry("attention backend")
 """The attention kernels, by name: ``MultiHeadAttention(backend=name)`` calls ``ATTENTION_BACKENDS.get(name)``.
 
-The contract of a backend, the one place it is written:
+The contract of a backend, the one place it is written (the rest of the package refers here):
 
     fn(q, k, v, mask=None, causal=False, dropout_p=0.0) -> (batch, n_heads, q_len, head_dim)
 
-- q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_heads, k_len, head_dim), the K/V
-  heads already repeated to the query heads.
+- q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_kv_heads, k_len, head_dim), *not*
+  repeated: n_kv_heads divides n_heads, and query head h uses K/V head
+  h // (n_heads // n_kv_heads) (grouped-query attention; the group size follows from the
+  shapes). A backend repeats K/V only if its kernel needs it, so a GQA-aware kernel reads
+  each K/V head once.
 - mask: None, bool (True = may attend) or float (added to the scores), broadcastable to
-  (batch, n_heads, q_len, k_len).
-- causal: query i may attend to key j when j <= i + k_len - q_len (the queries are the
-  last q_len positions, as with a KV cache; not the top-left alignment of torch's
-  ``is_causal``).
+  (batch, n_heads, q_len, k_len); ``ValueError`` (``TypeError`` for a dtype) otherwise.
+- causal: query i may attend to key j when j <= i + k_len - q_len: the queries are the
+  *last* q_len positions, as with a KV cache (torch's ``is_causal`` aligns the triangle
+  to the top-left corner instead). With a mask, both apply.
 - dropout_p: the probability of dropping an attention weight (0 outside training).
 - A query whose every key is masked gets a zero output, never NaN.
+- A backend that does not support an argument (a mask, dropout, a head count) raises a
+  ``ValueError`` that says so, rather than computing something else.
 
 Entries: "math" and "sdpa" (this chapter); "flash" and "triton", declared here as forward
 references into chapter 10's modules.
@@ -1211,54 +1220,80 @@ def get_attention_backend(name: str) -> AttentionBackend:
     return ATTENTION_BACKENDS.get(name)
 
 
-def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``mask`` (already checked against the scores' shape) combined with the (offset) causal mask.
-
-    q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
-    stays bool; a float mask gets -inf where the causal mask forbids.
-    """
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    allowed = causal_mask(q_len, q.device, k_len=k_len)
+def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> torch.Tensor:
+    """``mask`` (already checked against the scores' shape) combined with the (offset) causal
+    mask of ``q_len`` queries and ``k_len`` keys. A bool mask stays bool; a float mask gets
+    -inf where the causal mask forbids."""
+    allowed = causal_mask(q_len, device, k_len=k_len)
     if mask is None:
         return allowed
     if mask.dtype == torch.bool:
         return mask & allowed
-    return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
+    return torch.where(allowed, mask, float("-inf"))
 
 
-def _backend_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
-    """The mask a backend applies: ``mask`` checked against the scores' shape (``ValueError``,
-    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model), and
-    combined with the (offset) causal mask when ``causal``. None when nothing is masked."""
-    if mask is not None:
-        check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
-        if mask.is_floating_point():
-            mask = mask.to(q.dtype)
-    return _with_causal(mask, q, k) if causal else mask
+def _checked_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` checked against the scores' shape (batch, n_heads, q_len, k_len) (``ValueError``,
+    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model)."""
+    check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
+    return mask.to(q.dtype) if mask.is_floating_point() else mask
+
+
+def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
+    """How many query heads share each K/V head: n_heads // n_kv_heads (``ValueError`` unless it divides)."""
+    n_heads, n_kv_heads = q.shape[-3], k.shape[-3]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
+    return n_heads // n_kv_heads
 
 
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
-    mask = _backend_mask(mask, q, k, causal)
-    if dropout_p == 0.0:
-        return scaled_dot_product_attention(q, k, v, mask=mask)
-    _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
-    return F.dropout(weights, dropout_p) @ v
+    """The "math" backend (contract: ``ATTENTION_BACKENDS``): attention written out with this
+    chapter's ``repeat_kv`` and ``softmax``, dropout on the weights.
+
+    It computes what ``scaled_dot_product_attention`` computes on the repeated heads. The
+    zeros for fully masked queries cost passes over the scores, paid only when a mask is
+    given: the causal mask alone never blocks a whole query.
+    """
+    n_rep = _kv_groups(q, k)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        mask = _checked_mask(mask, q, k)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    if causal and q_len > 1:  # a single query is the last position: it may see every key
+        scores = scores.masked_fill(~causal_mask(q_len, q.device, k_len=k_len), float("-inf"))
+    if mask is None:
+        weights = softmax(scores, dim=-1)
+    else:
+        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        weights = softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, dropout_p)
+    return weights @ v
 
 
 def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The "sdpa" backend: ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)."""
+    """The "sdpa" backend (contract: ``ATTENTION_BACKENDS``): PyTorch's fused
+    ``F.scaled_dot_product_attention``, which shares the K/V heads itself (``enable_gqa``)
+    and gives zeros for fully masked queries (PyTorch 2.5 and later).
+
+    Causal attention over as many keys as queries, without a mask, builds no mask: the
+    kernel's own ``is_causal`` then means the same.
+    """
+    gqa = _kv_groups(q, k) > 1  # only then: some of torch's kernels do not take enable_gqa
     q_len, k_len = q.shape[-2], k.shape[-2]
+    causal = causal and q_len > 1  # a single query is the last position: it may see every key
     if causal and mask is None and q_len == k_len:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    mask = _backend_mask(mask, q, k, causal)
-    if mask is not None and mask.dim() < 2:
-        mask = mask.reshape(1, -1)  # a (k_len,) or scalar mask: torch wants at least (.., k_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if mask is None:
-        return out
-    empty = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
-    return out.masked_fill(empty, 0.0)  # some kernels return NaN for fully masked queries
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    if mask is not None:
+        mask = _checked_mask(mask, q, k)
+        if mask.dim() < 2:
+            mask = mask.expand(q_len, k_len)  # a (k_len,) or scalar mask: torch wants at least (q_len, k_len)
+    if causal:
+        mask = _with_causal(mask, q_len, k_len, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
 
 ATTENTION_BACKENDS.register("math", "minillm.attention:math_attention")
@@ -1285,12 +1320,17 @@ except ValueError as error:
 #
 # `MultiHeadAttention` puts the pieces together. Read `forward` from top to bottom: one
 # fused projection, a cut into Q, K and V, `split_heads`, the optional rotary positions
-# (chapter 03) on Q and K, the optional cache (chapter 09), `repeat_kv` for grouped-query
-# attention, the backend, `merge_heads`, and the output projection.
+# (chapter 03) on Q and K, the optional cache (chapter 09), which stores the K/V heads
+# un-repeated, the backend, `merge_heads`, and the output projection.
 #
 # The two hooks are documented in the docstring: any callable `rotary(x, positions)`
 # works (chapter 03's `RotaryEmbedding` is one), and any object with a method
 # `update(k, v) -> (k_all, v_all)` works as a cache (chapter 09's `KVCache` is one).
+# `fused_qkv=False` swaps the fused projection for three, `q`, `k` and `v`: the same
+# function with the weights copied across, and a clean target for chapter 12's adapters,
+# which wrap the query and value projections alone. The module checks its configuration
+# once, in the constructor; its `forward` trusts its input, which the model checks once
+# at its own entry, so the check is not repeated in every layer at every step.
 
 # %%
 #| export minillm/attention.py
@@ -1362,14 +1402,8 @@ class MultiHeadAttention(nn.Module):
                 f"backend={self.backend!r}, causal={self.causal}, fused_qkv={self.fused_qkv}")
 
     def _heads(self, x: torch.Tensor, positions, kv_cache):
-        """Queries (batch, n_heads, seq, head_dim) and keys, values (batch, n_heads, k_len, head_dim)."""
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (batch, seq, {self.d_model}), got {tuple(x.shape)}")
-        seq = x.shape[1]
-        if positions is not None and (not isinstance(positions, torch.Tensor) or positions.shape != (seq,)):
-            raise ValueError(f"positions must be a tensor of shape ({seq},), got {getattr(positions, 'shape', positions)}")
-        if kv_cache is not None and not callable(getattr(kv_cache, "update", None)):
-            raise TypeError(f"kv_cache must have a method update(k, v), got {type(kv_cache).__name__}")
+        """Queries (batch, n_heads, seq, head_dim) and keys, values (batch, n_kv_heads, k_len,
+        head_dim), un-repeated, as a backend receives them."""
         if self.fused_qkv:
             kv_width = self.n_kv_heads * self.head_dim
             q, k, v = self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1)
@@ -1381,12 +1415,11 @@ class MultiHeadAttention(nn.Module):
                 if kv_cache is not None:
                     raise ValueError("positions is required with a rotary module and a kv_cache: "
                                      "the positions of the new tokens depend on what is cached")
-                positions = torch.arange(seq, device=x.device)
+                positions = torch.arange(x.shape[1], device=x.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
-        n_rep = self.n_heads // self.n_kv_heads
-        return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 kv_cache: KVCacheLike | None = None) -> torch.Tensor:
@@ -1394,11 +1427,13 @@ class MultiHeadAttention(nn.Module):
 
         mask: None, bool (True = may attend) or float (added to the scores, e.g. an ALiBi
         bias), broadcastable to (batch, n_heads, seq, k_len); combined with the causal mask
-        when ``causal``. positions: (seq,) positions of x's tokens, passed to ``rotary``
-        (default 0..seq-1 without a cache; required with a cache and a rotary module).
+        when ``causal``. positions: the positions of x's tokens, (seq,) or (batch, seq) (one
+        row per sequence, for left-padded batches), passed as given to ``rotary`` (default
+        0..seq-1 without a cache; required with a cache and a rotary module).
         kv_cache: None, or an object with ``update(k, v) -> (k_all, v_all)`` (``KVCacheLike``):
         the new keys and values are appended to it and the queries attend to all of them,
-        so k_len = cached + seq.
+        so k_len = cached + seq. The backend gets the heads as ``ATTENTION_BACKENDS`` says.
+        The shapes are the caller's to get right (the model checks its input once, at its entry).
         """
         q, k, v = self._heads(x, positions, kv_cache)
         attention = get_attention_backend(self.backend)
@@ -1410,11 +1445,17 @@ class MultiHeadAttention(nn.Module):
                           positions: torch.Tensor | None = None) -> torch.Tensor:
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
-        return scaled_dot_product_attention(q, k, v, mask=_backend_mask(mask, q, k, self.causal), return_weights=True)[1]
+        n_rep = self.n_heads // self.n_kv_heads
+        if mask is not None:
+            mask = _checked_mask(mask, q, k)
+        if self.causal:
+            mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask=mask, return_weights=True)[1]
 
 # %% [markdown]
-# `MultiHeadAttention` above calls your `split_heads`, `merge_heads`, `repeat_kv` and
-# (through the "math" backend) your `scaled_dot_product_attention`. The cell below
+# `MultiHeadAttention` above calls your `split_heads` and `merge_heads`, through the
+# "math" backend your `repeat_kv` and `softmax`, and in `attention_weights` your
+# `scaled_dot_product_attention`. The cell below
 # compares it with the course's reference on a small grouped-query case and binds `MHA`
 # to the class that works.
 
