@@ -106,7 +106,7 @@ from minillm.block import TransformerBlock
 from minillm.checkpoint import config_from_dict
 from minillm.config import ModelConfig
 from minillm.embedding import TokenEmbedding
-from minillm.ffn import FFN_REGISTRY
+from minillm.ffn import FFNS
 from minillm.norm import build_norm
 from minillm.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, alibi_bias
 
@@ -148,8 +148,8 @@ class GPTConfig(ModelConfig):
         if self.n_token_types or self.pooler:
             raise ValueError("n_token_types and pooler are BERT's extras; a GPT has neither "
                              f"(got n_token_types={self.n_token_types}, pooler={self.pooler})")
-        if self.ffn not in FFN_REGISTRY:
-            raise ValueError(f"ffn must be a registered FFN, one of {sorted(FFN_REGISTRY)}, got {self.ffn!r}")
+        if self.ffn not in FFNS:
+            raise ValueError(f"ffn must be a registered FFN, one of {list(FFNS.names())}, got {self.ffn!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
         for name in ("eps", "init_std"):
