@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.model import GPT
-from minillm.train import DEFAULT_RECIPE, build_optimizer, recipe_config
+from minillm.recipe import DEFAULT_RECIPE, recipe_config
+from minillm.train import build_optimizer
 
 
 def rotate(x, theta=10000.0):

@@ -33,9 +33,8 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from minillm import train as training
+    from minillm.recipe import DEFAULT_RECIPE as recipe
 
-    recipe = training.DEFAULT_RECIPE
     parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__.split("\n\n")[1].strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,generate,evaluate}")
@@ -66,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
     t.add_argument("--ffn", choices=("gelu", "gelu_tanh", "relu", "swiglu"), default=recipe["ffn"],
                    help="(default: %(default)s; gelu_tanh is GPT-2's approximation)")
-    t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    t.add_argument("--seed", type=int, default=recipe["seed"],
+                   help="the initialization and the order of the batches (default: %(default)s)")
     t.add_argument("--threads", type=_positive_int, default=None,
                    help="CPU threads for torch (default: torch's choice, all cores); results are bit-identical "
                         "only for the same thread count, machine and torch version")
@@ -110,17 +110,18 @@ def _corpus(path: Path | None) -> str:
 
 
 def _model_paths(model: Path | None, tokenizer: Path | None) -> tuple[Path, Path]:
-    from minillm import train as training
+    from minillm.recipe import pretrained_paths, tokenizer_path_for
 
     if model is None:
-        return training.pretrained_paths()
-    return model, tokenizer or training.tokenizer_path_for(model)
+        return pretrained_paths()
+    return model, tokenizer or tokenizer_path_for(model)
 
 
 def cmd_train(args) -> None:
     import torch
 
-    from minillm import data, train as training
+    from minillm import data, recipe, train as training
+    from minillm.course import plot_history
     from minillm.generate import generate_text
     from minillm.model import GPT
     from minillm.tokenizer import BPETokenizer
@@ -135,36 +136,39 @@ def cmd_train(args) -> None:
     val_ids = torch.tensor(tokenizer.encode(val_text))
     print(f"tokenizer: {len(tokenizer)} tokens, {len(train_text) / len(train_ids):.2f} characters per token "
           f"({len(train_ids):,d} training tokens)", flush=True)
-    config = training.recipe_config(len(tokenizer), context_length=args.context, d_model=args.d_model,
-                                    n_layers=args.layers, n_heads=args.heads, dropout=args.dropout,
-                                    positions=args.positions, norm=args.norm, ffn=args.ffn)
-    train_config = training.recipe_train_config(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                                seed=args.seed)
+    config = recipe.recipe_config(len(tokenizer), context_length=args.context, d_model=args.d_model,
+                                  n_layers=args.layers, n_heads=args.heads, dropout=args.dropout,
+                                  positions=args.positions, norm=args.norm, ffn=args.ffn)
+    train_config = recipe.recipe_train_config(steps=args.steps, lr=args.lr)
     torch.manual_seed(args.seed)
     model = GPT(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params:,d} parameters, {config.n_layers} layers, d_model {config.d_model}, "
           f"{config.positions}, {config.norm}, {config.ffn}, context {config.context_length} tokens; {train_config.steps} steps of "
-          f"{train_config.batch_size} x {config.context_length} tokens", flush=True)
-    history = training.train(model, train_ids, val_ids, train_config, checkpoint_path=args.run, resume=args.resume,
-                             progress=not args.quiet)
+          f"{args.batch_size} x {config.context_length} tokens", flush=True)
+    batches = training.BatchSampler(train_ids, args.batch_size, config.context_length, seed=args.seed)
+    evaluate = training.held_out_loss(val_ids, max_windows=recipe.DEFAULT_RECIPE["eval_windows"],
+                                      batch_size=args.batch_size)
+    state = training.TrainState.load(args.run, model, train_config) if args.resume else None
+    history = training.train(model, batches, train_config, evaluate=evaluate, state=state, checkpoint_path=args.run,
+                             progress=not args.quiet).history
     total, count = training.token_nll(model, val_ids)
     loss = total / len(val_text)
     minutes = (time.time() - started) / 60
     print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits per character; "
           f"{total / count:.3f} nats per token) on the last 10% of the corpus; {minutes:.1f} minutes in all",
           flush=True)
-    out, tokenizer_out = args.out, training.tokenizer_path_for(args.out)
+    out, tokenizer_out = args.out, recipe.tokenizer_path_for(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(tokenizer_out)
     training.save_model(out, model, tokenizer=tokenizer_out.name, val_nats_per_char=loss,
-                        train_loss=history["train_loss"].tolist(), val_step=history["val_step"],
+                        train_loss=history["train_loss"], val_step=history["val_step"],
                         val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
-                        chars_per_token=len(val_text) / len(val_ids), torch_version=str(torch.__version__),
-                        torch_threads=torch.get_num_threads(), minutes=minutes)
+                        batch_size=args.batch_size, seed=args.seed, chars_per_token=len(val_text) / len(val_ids),
+                        torch_version=str(torch.__version__), torch_threads=torch.get_num_threads(), minutes=minutes)
     print(f"wrote the model to {out} and its tokenizer to {tokenizer_out}")
     if args.figure:
-        training.plot_history(history).savefig(args.figure, dpi=120)
+        plot_history(history).savefig(args.figure, dpi=120)
         print(f"wrote {args.figure}")
     sample = generate_text(model, tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
                            generator=torch.Generator().manual_seed(0))

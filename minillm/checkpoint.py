@@ -5,6 +5,10 @@ state, the scheduler, every random generator's state and the data cursor, so tha
 resumes exactly. Saving writes a temporary file beside the target and renames it, so a
 crash mid-write leaves the previous checkpoint intact. Loading uses
 ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+
+In data-parallel training (a ``torch.distributed`` process group) each process, a *rank*,
+has random generators of its own: ``rng_states`` gathers every rank's, ``set_rng_states``
+gives each rank its own back, and ``is_main_process`` says which one writes files.
 """
 from __future__ import annotations
 
@@ -93,9 +97,47 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore generators saved by ``rng_state``."""
+    """Restore generators saved by ``rng_state`` (its tensors may have been loaded onto
+    another device: generator states are set from CPU tensors)."""
     python = state["python"]
     random.setstate((python["version"], tuple(python["internal"]), python["gauss"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([cuda.cpu() for cuda in state["cuda"]])
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """(this process's rank, the number of processes) in the default ``torch.distributed``
+    process group; (0, 1) when there is none."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (and without a process group): the one process that writes files and logs."""
+    return rank_and_world_size()[0] == 0
+
+
+def rng_states() -> list[dict]:
+    """``rng_state()`` of every rank, in rank order (one entry without a process group).
+
+    With a process group it is a collective: every rank must call it, and every rank
+    gets the whole list.
+    """
+    rank, world_size = rank_and_world_size()
+    if world_size == 1:
+        return [rng_state()]
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, rng_state())
+    return gathered
+
+
+def set_rng_states(states: list[dict]) -> None:
+    """Restore this rank's entry of ``rng_states()``; ``ValueError`` when the list was
+    gathered from another number of processes (each rank's generators belong to it)."""
+    rank, world_size = rank_and_world_size()
+    if not isinstance(states, (list, tuple)) or len(states) != world_size:
+        count = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
+        raise ValueError(f"states must hold the random generators of {world_size} process(es), got {count}")
+    set_rng_state(states[rank])

@@ -3,6 +3,7 @@
 - ``QUICK``: true when ``COURSE_QUICK=1``; chapters shrink their experiments then.
 - ``seed_everything`` and ``pick_device``: one way to seed, one way to choose the device.
 - ``one_thread``: run a block on one CPU thread (small models and fair timings).
+- ``smooth`` and ``plot_history``: loss curves for figures.
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
@@ -82,6 +83,30 @@ def smooth(values, weight: float = 0.9) -> list[float]:
         running = weight * running + (1 - weight) * value
         out.append(running)
     return out
+
+
+def plot_history(history: Mapping, title: str = "Training the mini-LLM"):
+    """The loss curves of a training history (``minillm.train.TrainState.history``, or a
+    checkpoint that keeps one): the training loss of every step, smoothed by ``smooth``
+    over about a fiftieth of the run, and the validation loss at each evaluation, in nats
+    per token. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    losses = [float(value) for value in history["train_loss"]]
+    if not losses:
+        raise ValueError("history holds no training loss to plot")
+    span = max(1, len(losses) // 50)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(1, len(losses) + 1), smooth(losses, 1 - 1 / span), label=f"training (smoothed over ~{span} steps)")
+    if history.get("val_loss"):
+        ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (windows of the held-out 10%)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 class CheckFailed(AssertionError):

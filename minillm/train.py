@@ -8,26 +8,29 @@
   the tokenizer).
 - ``param_groups`` / ``build_optimizer``: AdamW with weight decay on the matrices only.
 - ``lr_schedule`` / ``build_scheduler``: linear warmup, then cosine decay to ``min_lr``.
-- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor.
-- ``train``: the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) with
-  checkpoints that carry the model, optimizer, scheduler, every random generator and the
-  data cursor, so that a resumed run repeats the uninterrupted one exactly.
-- ``DEFAULT_RECIPE``, ``load_pretrained``: the model ``make train`` trains and ships.
+- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor;
+  in data-parallel training each rank takes its own share of every batch.
+- ``train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)``:
+  the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) for any module, a
+  ``DistributedDataParallel`` wrapper included, any batch iterator and any loss.
+- ``TrainState``: everything the next step depends on besides the weights (optimizer,
+  scheduler, data cursor, every rank's random generators, step, history); it saves and
+  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
+
+The recipe of ``make train`` and the shipped model's files are in ``minillm.recipe``.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from minillm import data
-from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from minillm.ffn import swiglu_hidden_size
+from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint,
+                                rank_and_world_size, rng_states, save_checkpoint, set_rng_states)
+from minillm.checks import integer, non_negative_int, number, positive_int, positive_number
 from minillm.model import GPT, IGNORE_INDEX, GPTConfig
-from minillm.tokenizer import BPETokenizer
 
 
 def summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -152,18 +155,31 @@ class BatchSampler:
     offset below ``context``, shuffles them, and yields batches: x (batch, context) and
     y = x shifted by one (the next tokens). The cursor (epoch, position) is the whole
     state: ``state_dict`` / ``load_state_dict`` resume exactly where it stopped.
+
+    ``batch_size`` is the global batch. With ``world_size`` processes, rank ``rank`` yields
+    rows ``rank * b : (rank + 1) * b`` of every global batch, b = batch_size / world_size:
+    x and y are (b, context), and the ranks' shards, stacked in rank order, are the batch
+    one process would yield. The cursor counts global rows, so it is the same on every rank.
     """
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, context: int, seed: int = 0):
+    def __init__(self, ids: torch.Tensor, batch_size: int, context: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point:
             raise TypeError(f"ids must be a 1-D integer tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
-        for name, value in (("batch_size", batch_size), ("context", context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("batch_size", batch_size)
+        positive_int("context", context)
+        integer("seed", seed)
+        positive_int("world_size", world_size)
+        if not 0 <= non_negative_int("rank", rank) < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if batch_size % world_size:
+            raise ValueError(f"batch_size (the global batch, {batch_size}) must be divisible by world_size "
+                             f"({world_size}): every process takes an equal share")
         if len(ids) < 2 * context + 1:
             raise ValueError(f"ids holds {len(ids)} tokens, too few for windows of context {context} "
                              f"(need at least {2 * context + 1})")
         self.ids, self.batch_size, self.context, self.seed = ids.long(), batch_size, context, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.position = 0, 0
         self._starts = self._epoch_starts(0)
 
@@ -184,29 +200,36 @@ class BatchSampler:
                 self._starts = self._epoch_starts(self.epoch)
             rows.append(self._starts[self.position])
             self.position += 1
-        windows = torch.stack([self.ids[s: s + self.context + 1] for s in rows])
+        share = self.batch_size // self.world_size
+        mine = rows[self.rank * share: (self.rank + 1) * share]
+        windows = torch.stack([self.ids[s: s + self.context + 1] for s in mine])
         return windows[:, :-1], windows[:, 1:]
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "batch_size": self.batch_size,
+                "context": self.context}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s cursor; ``ValueError`` when it is a cursor over
+        other batches (another global batch size or context)."""
+        for key in ("batch_size", "context"):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise ValueError(f"the saved sampler state has {key} {state[key]}, this sampler {getattr(self, key)}")
         self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
         self._starts = self._epoch_starts(self.epoch)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train: steps, batch, AdamW, schedule, clipping, evaluation, checkpoints.
+    """How to optimize: steps, AdamW, the schedule, clipping, when to evaluate and checkpoint.
 
     lr decays from ``lr`` to ``lr * min_lr_ratio`` by a cosine after ``warmup_steps``.
-    ``eval_every`` steps (and at the end) the loss is measured on ``eval_windows`` windows
-    of the validation tokens; ``checkpoint_every`` steps a checkpoint is written (when
-    ``train`` has a path).
+    Every ``eval_every`` steps (and at step ``steps``) ``train`` calls its ``evaluate``;
+    every ``checkpoint_every`` steps (and at its last step) it writes a checkpoint, when it
+    has a path. The batches, and so the batch size, come from the iterator ``train`` is given.
     """
 
     steps: int = 2000
-    batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
@@ -215,23 +238,19 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     eval_every: int = 250
-    eval_windows: int = 64
     checkpoint_every: int = 500
-    seed: int = 0
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every", "eval_windows", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(f"warmup_steps must be an int in [0, steps={self.steps}], got {self.warmup_steps!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        for name in ("steps", "eval_every", "checkpoint_every"):
+            positive_int(name, getattr(self, name))
+        if not 0 <= non_negative_int("warmup_steps", self.warmup_steps) <= self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps!r}")
+        positive_number("lr", self.lr)
+        number("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        number("weight_decay", self.weight_decay, low=0.0)
+        for name in ("beta1", "beta2"):
+            number(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
+        number("grad_clip", self.grad_clip, low=0.0, low_open=True)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -239,8 +258,22 @@ class TrainConfig:
         return config_from_dict(cls, values)
 
 
-def save_model(path, model: GPT, **extra) -> None:
-    """A weights-only checkpoint: {"config", "model"} and any ``extra`` entries (plain data)."""
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module a wrapper trains: ``model.module`` of a ``DistributedDataParallel`` or
+    ``DataParallel``, the original of a ``torch.compile``d model; ``model`` itself otherwise."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's wrapper
+            model = model._orig_mod
+        else:
+            return model
+
+
+def save_model(path, model: nn.Module, **extra) -> None:
+    """A weights-only checkpoint of a GPT (or a wrapper of one): {"config", "model"} and any
+    ``extra`` entries (plain data)."""
+    model = unwrap(model)
     save_checkpoint(path, {"config": model.config.to_dict(), "model": model.state_dict(), **extra})
 
 
@@ -250,6 +283,8 @@ def load_model(path, map_location="cpu") -> GPT:
     A missing or corrupt file is a ``CheckpointError`` (a ``ValueError``) naming it.
     """
     state = load_checkpoint(path, required=("config", "model"), map_location=map_location)
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds no GPT config (it is a checkpoint of another module)")
     model = GPT(GPTConfig.from_dict(state["config"]))
     try:
         model.load_state_dict(state["model"])
@@ -258,161 +293,278 @@ def load_model(path, map_location="cpu") -> GPT:
     return model.eval()
 
 
-def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig = TrainConfig(),
-          checkpoint_path=None, resume: bool = False, stop_after: int | None = None,
-          progress: bool = True, extra: dict | None = None) -> dict:
-    """Train ``model`` on the 1-D token stream ``train_ids``; evaluate on ``val_ids``.
+def lm_loss(model: nn.Module, batch) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
+    """``train``'s default loss: ``model(x, y)[1]`` for a batch ``(x, y)`` of (batch, seq)
+    ids, a GPT's mean next-token cross-entropy (its auxiliary losses included).
 
-    checkpoint_path: where checkpoints go (every ``config.checkpoint_every`` steps and at
-    the end). resume: load ``checkpoint_path`` first and continue from its step; the
-    result equals an uninterrupted run. stop_after: stop after this many steps in all
-    (as if interrupted; the schedule still spans ``config.steps``). extra: plain data
-    stored in every checkpoint (for example the tokenizer's file name).
-
-    Returns the history: {"train_loss": tensor (steps done,), float32, one per step;
-    "lr": list; "val_step": list; "val_loss": list (nats per token)}, covering the
-    whole run, the steps before a resume included.
+    A model that keeps the parts of its auxiliary losses in ``last_aux_losses`` (a dict of
+    floats, as chapter 11's MoE does) has them returned too, ``(loss, parts)``, to be logged.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a GPT, got {type(model).__name__}")
-    device = next(model.parameters()).device
-    context = model.config.context_length
-    optimizer = build_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
-    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
-    sampler = BatchSampler(train_ids, config.batch_size, context, seed=config.seed)
-    history = {"train_loss": [], "lr": [], "val_step": [], "val_loss": []}
-    step = 0
-    if resume:
-        if checkpoint_path is None:
-            raise ValueError("resume=True needs a checkpoint_path")
-        state = load_checkpoint(checkpoint_path, required=("model", "optimizer", "scheduler", "rng", "sampler", "step"),
-                                map_location=device)
-        if state.get("train_config") != asdict(config):  # checked before anything is loaded into model
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
-                                  f"{state.get('train_config')} (this run: {asdict(config)})")
-        if state.get("config") is not None and state["config"] != model.config.to_dict():
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} holds another model: {state['config']} "
-                                  f"(this run: {model.config.to_dict()})")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        step = int(state["step"])
-        history = {key: list(value) for key, value in state["history"].items()}
+    x, y = batch
+    _, loss = model(x, y)
+    parts = getattr(unwrap(model), "last_aux_losses", None)
+    return (loss, dict(parts)) if parts else loss
+
+
+def held_out_loss(ids: torch.Tensor, max_windows: int | None = 64, batch_size: int = 32):
+    """An ``evaluate`` for ``train``: ``{"val_loss": nats per token}`` of the model on
+    ``max_windows`` evenly spaced windows of the 1-D token stream ``ids`` (``token_nll``)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or len(ids) < 2:
+        raise ValueError(f"ids must be a 1-D tensor of at least 2 tokens, got {getattr(ids, 'shape', ids)}")
+    positive_int("batch_size", batch_size)
+    if max_windows is not None:
+        positive_int("max_windows", max_windows)
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        total, count = token_nll(unwrap(model), ids, batch_size=batch_size, max_windows=max_windows)
+        return {"val_loss": total / count}
+
+    return evaluate
+
+
+HISTORY = ("train_loss", "lr", "val_step")  # the lists every history has; loss_fn and evaluate add their own
+_RUN = ("format", "config", "train_config", "model", "optimizer", "scheduler", "step", "history", "batches", "rng")
+
+
+@dataclass(eq=False)
+class TrainState:
+    """Everything the next training step depends on, besides the model's weights.
+
+    optimizer, scheduler: they hold their own state (AdamW's moments, the schedule's step).
+    step: optimizer steps taken. history: lists, {"train_loss": the loss of each step's
+    batch, "lr": the learning rate of each step, "val_step": the steps at which
+    ``evaluate`` ran}, plus a list for every name that ``loss_fn`` (one entry a step) or
+    ``evaluate`` (one entry an evaluation) reported. batches: the batch iterator's
+    ``state_dict()`` at ``step``; rng: every rank's random generators at ``step``
+    (``minillm.checkpoint.rng_states``), in rank order. ``train`` brings those two up to
+    date at each checkpoint and at its end; None means "not recorded".
+
+    ``TrainState.new(model, config)`` starts afresh; ``save`` and ``TrainState.load``
+    write and read it, with the weights, as a training checkpoint.
+    """
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    history: dict = field(default_factory=lambda: {key: [] for key in HISTORY})
+    batches: dict | None = None
+    rng: list | None = None
+
+    @classmethod
+    def new(cls, model: nn.Module, config: "TrainConfig") -> "TrainState":
+        """Step 0: AdamW over ``param_groups(model)`` and the warmup-then-cosine schedule of ``config``."""
+        optimizer = build_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        return cls(optimizer, build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio))
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "step": self.step,
+                "history": self.history, "batches": self.batches, "rng": self.rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.history = {key: list(values) for key, values in state["history"].items()}
+        self.batches, self.rng = state["batches"], state["rng"]
+
+    def save(self, path, model: nn.Module, config: "TrainConfig", **extra):
+        """Write a training checkpoint at ``path``: the weights and config of ``unwrap(model)``
+        (so that ``load_model`` reads them without the wrapper), ``config``, this state and
+        ``extra`` plain data. Only the main process writes: it returns the path, every
+        other rank None."""
+        clash = sorted(set(extra) & set(_RUN))
+        if clash:
+            raise ValueError(f"extra must not use the checkpoint's own keys {clash}")
+        if not is_main_process():
+            return None
+        inner = unwrap(model)
+        return save_checkpoint(path, {"format": "minillm training checkpoint", "config": _model_config(inner),
+                                      "train_config": asdict(config), "model": inner.state_dict(),
+                                      **self.state_dict(), **extra})
+
+    @classmethod
+    def load(cls, path, model: nn.Module, config: "TrainConfig", map_location=None) -> "TrainState":
+        """The state a training checkpoint holds, for ``train(..., state=...)``; its weights
+        are loaded into ``unwrap(model)``.
+
+        ``CheckpointError`` naming the path when the file is missing or corrupt, or belongs
+        to another run (another ``TrainConfig``, another model config); the model is then
+        left as it was. map_location: default, the device of the model's parameters.
+        """
+        inner = unwrap(model)
+        if map_location is None:
+            map_location = next(inner.parameters()).device
+        saved = load_checkpoint(path, required=_RUN[2:], map_location=map_location)
+        if saved["train_config"] != asdict(config):  # checked before anything is loaded into the model
+            raise CheckpointError(f"checkpoint {str(path)!r} was written with another TrainConfig: "
+                                  f"{saved['train_config']} (this run: {asdict(config)})")
+        if saved.get("config") != _model_config(inner):
+            raise CheckpointError(f"checkpoint {str(path)!r} holds another model: {saved.get('config')} "
+                                  f"(this run: {_model_config(inner)})")
+        try:
+            inner.load_state_dict(saved["model"])
+        except RuntimeError as error:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit the model: {error}") from error
+        state = cls.new(model, config)
+        state.load_state_dict(saved)
+        return state
+
+
+def _model_config(model: nn.Module) -> dict | None:
+    config = getattr(model, "config", None)
+    return config.to_dict() if hasattr(config, "to_dict") else None
+
+
+def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, evaluate=None,
+          state: TrainState | None = None, checkpoint_path=None, stop_after: int | None = None,
+          progress: bool = True, extra: dict | None = None) -> TrainState:
+    """Train ``model`` for ``config.steps`` optimizer steps, one batch of ``batches`` each.
+
+    model: any module; a ``DistributedDataParallel`` wrapper trains data-parallel (every
+    rank calls ``train`` with the same arguments and its own shard of each batch).
+    batches: an iterator of batches (tensors, or tuples, lists or dicts of them; they are
+    moved to the model's device). One with ``state_dict()`` / ``load_state_dict()``, such
+    as ``BatchSampler``, resumes exactly; any other trains but refuses to resume a ``state``.
+    loss_fn(model, batch): the loss to minimize, a 0-dim tensor, or ``(loss, dict)`` whose
+    numbers are logged, one entry a step. evaluate(model): a dict of numbers, logged every
+    ``config.eval_every`` steps and at step ``config.steps``; it runs on every rank, in
+    eval mode, without gradients. state: a ``TrainState`` to continue (the one a previous
+    call returned, or ``TrainState.load``); None starts afresh. checkpoint_path: where
+    checkpoints go, every ``config.checkpoint_every`` steps and at the last step (only
+    rank 0 writes). stop_after: stop after this many steps in all, as if interrupted (the
+    schedule still spans ``config.steps``). extra: plain data stored in every checkpoint.
+
+    Returns the state after the last step. Its history covers the whole run, the steps
+    before a resume included; with several ranks its losses are the means over the ranks.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function (model, batch) -> loss, got {type(loss_fn).__name__}")
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError(f"evaluate must be None or a function (model) -> dict, got {type(evaluate).__name__}")
+    if stop_after is not None:
+        non_negative_int("stop_after", stop_after)
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise ValueError("model has no parameters to train")
+    device = parameter.device
+    rank, world_size = rank_and_world_size()
+    resumable = callable(getattr(batches, "state_dict", None)) and callable(getattr(batches, "load_state_dict", None))
+    if state is None:
+        state = TrainState.new(model, config)
+    elif not isinstance(state, TrainState):
+        raise TypeError(f"state must be a TrainState or None, got {type(state).__name__}")
+    else:
+        _restore(state, batches, resumable, world_size)
+    iterator = iter(batches)
+    optimizer, scheduler, history = state.optimizer, state.scheduler, state.history
     last = config.steps if stop_after is None else min(stop_after, config.steps)
 
-    def evaluate_now():
-        total, count = token_nll(model, val_ids, context, config.batch_size, max_windows=config.eval_windows)
-        history["val_step"].append(step)
-        history["val_loss"].append(total / count)
-
-    def checkpoint():
-        save_checkpoint(checkpoint_path, {
-            "format": "minillm training checkpoint", "config": model.config.to_dict(), "train_config": asdict(config),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": rng_state(), "sampler": sampler.state_dict(), "step": step, "history": history, **(extra or {}),
-        })
-
     model.train()
-    bar = tqdm(total=last, initial=step, desc="training", disable=not progress)
-    while step < last:
-        x, y = next(sampler)
-        _, loss = model(x.to(device), y.to(device))
+    bar = tqdm(total=last, initial=state.step, desc="training", disable=not (progress and rank == 0))
+    while state.step < last:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError(f"batches (a {type(batches).__name__}) ran out after step {state.step} "
+                             f"of {config.steps}") from None
+        loss, metrics = _loss_and_metrics(loss_fn(model, _to_device(batch, device)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         history["lr"].append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-        step += 1
-        history["train_loss"].append(loss.item())  # a float32 value, exactly
-        if step % config.eval_every == 0 or step == config.steps:
-            evaluate_now()
+        state.step += 1
+        for name, value in _mean_over_ranks({"train_loss": loss, **metrics}, world_size).items():
+            history.setdefault(name, []).append(value)
+        if evaluate is not None and (state.step % config.eval_every == 0 or state.step == config.steps):
+            model.eval()
+            with torch.no_grad():
+                results = evaluate(model)
             model.train()
-        if checkpoint_path is not None and (step % config.checkpoint_every == 0 or step == last):
-            checkpoint()
+            history["val_step"].append(state.step)
+            for name, value in _numbers(results, "evaluate").items():
+                history.setdefault(name, []).append(value.item() if isinstance(value, torch.Tensor) else float(value))
+        if checkpoint_path is not None and (state.step % config.checkpoint_every == 0 or state.step == last):
+            _record(state, batches, resumable)
+            state.save(checkpoint_path, model, config, **(extra or {}))
         bar.update(1)
-        if step % 10 == 0 or step == last:
-            postfix = {"loss": f"{loss.item():.3f}"}
-            if history["val_loss"]:
-                postfix["val"] = f"{history['val_loss'][-1]:.3f}"
-            bar.set_postfix(postfix)
+        if state.step % 10 == 0 or state.step == last:
+            shown = ("train_loss", "val_loss")
+            bar.set_postfix({name: f"{history[name][-1]:.3f}" for name in shown if history.get(name)})
     bar.close()
+    _record(state, batches, resumable)
     model.eval()
-    return {**history, "train_loss": torch.tensor(history["train_loss"], dtype=torch.float32)}
+    return state
 
 
-# The recipe of `make train` / `python -m minillm train`, and the files it ships in data/: a
-# Llama-style model (RoPE, RMSNorm, SwiGLU with the 2/3 rule, no biases, tied embeddings).
-DEFAULT_RECIPE = dict(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0,
-                      positions="rope", norm="rmsnorm", ffn="swiglu", steps=3000, batch_size=8, lr=3e-3)
-PRETRAINED = "minillm-shakespeare.pt"
-_SHAPE = ("context_length", "d_model", "n_layers", "n_heads", "dropout", "positions", "norm", "ffn")
+def _restore(state: TrainState, batches, resumable: bool, world_size: int) -> None:
+    """Put the batches and every rank's random generators where ``state`` left them."""
+    if state.step > 0 or state.batches is not None:
+        if not resumable:
+            raise TypeError(f"batches (a {type(batches).__name__}) has no state_dict() / load_state_dict(), so it "
+                            f"cannot resume a TrainState at step {state.step}: use batches that can (BatchSampler), "
+                            f"or start afresh with state=None")
+        if state.batches is None:
+            raise ValueError(f"state (step {state.step}) holds no position of the batches: it was trained from an "
+                             f"iterator that cannot resume")
+        batches.load_state_dict(state.batches)
+    if state.rng is not None:
+        if len(state.rng) != world_size:
+            raise ValueError(f"state holds the random generators of {len(state.rng)} process(es), this run has "
+                             f"{world_size}: resume with as many processes")
+        set_rng_states(state.rng)
 
 
-def recipe_config(vocab_size: int, **overrides) -> GPTConfig:
-    """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win).
-
-    d_ff follows d_model: 4 d_model for GELU/ReLU, the 2/3 rule for SwiGLU (``swiglu_hidden_size``
-    rounded to a multiple of 32), unless given.
-    """
-    shape = {**{key: DEFAULT_RECIPE[key] for key in _SHAPE}, **overrides}
-    if "d_ff" not in shape:
-        d = shape["d_model"]
-        shape["d_ff"] = swiglu_hidden_size(d, multiple_of=32) if shape["ffn"] == "swiglu" else 4 * d
-    return GPTConfig(**{"name": "minillm-shakespeare", "vocab_size": vocab_size, "bias": False,
-                        "attention_backend": "sdpa", **shape})
+def _record(state: TrainState, batches, resumable: bool) -> None:
+    """Bring ``state.batches`` and ``state.rng`` up to date (on every rank: it gathers)."""
+    state.batches = batches.state_dict() if resumable else None
+    state.rng = rng_states()
 
 
-def recipe_train_config(**overrides) -> TrainConfig:
-    """The default training config (``overrides`` win): warmup over 3% of the steps."""
-    steps = overrides.pop("steps", DEFAULT_RECIPE["steps"])
-    values = dict(steps=steps, batch_size=DEFAULT_RECIPE["batch_size"], lr=DEFAULT_RECIPE["lr"],
-                  warmup_steps=max(1, steps * 3 // 100), eval_every=max(1, steps // 20),
-                  checkpoint_every=max(1, steps // 10))
-    return TrainConfig(**{**values, **overrides})
+def _loss_and_metrics(result) -> tuple[torch.Tensor, dict]:
+    if isinstance(result, tuple) and len(result) != 2:
+        raise ValueError(f"loss_fn must return a loss or (loss, dict), got a tuple of {len(result)}")
+    loss, metrics = result if isinstance(result, tuple) else (result, {})
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"loss_fn must return a 0-dim tensor as its loss, got {got}")
+    return loss, _numbers(metrics, "loss_fn")
 
 
-def tokenizer_path_for(model_path) -> Path:
-    """Where the tokenizer of a model file lives: beside it, ``NAME-tokenizer.json``."""
-    model_path = Path(model_path)
-    return model_path.with_name(model_path.stem + "-tokenizer.json")
+def _numbers(values, source: str) -> dict:
+    """``values`` checked: a dict of numbers (or 0-dim tensors) whose names the history does not reserve."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{source} must give a dict of numbers, got {type(values).__name__}")
+    taken = sorted(set(values) & set(HISTORY))
+    if taken:
+        raise ValueError(f"{source} must not name its numbers {taken}: the history keeps those itself")
+    return values
 
 
-def pretrained_paths() -> tuple[Path, Path]:
-    """The shipped model and its tokenizer, in the course's data folder (``minillm.data``)."""
-    model_path = data.data_dir() / PRETRAINED
-    return model_path, tokenizer_path_for(model_path)
+def _mean_over_ranks(values: dict, world_size: int) -> dict[str, float]:
+    """Plain floats of ``values``, averaged over the ranks (one all-reduce) when there are several."""
+    if world_size == 1:
+        return {name: value.item() if isinstance(value, torch.Tensor) else float(value)  # float32's value, exactly
+                for name, value in values.items()}
+    device = values["train_loss"].device
+    stacked = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=device).detach().reshape(())
+                           for value in values.values()])
+    torch.distributed.all_reduce(stacked)
+    return dict(zip(values, (stacked / world_size).tolist()))
 
 
-def load_pretrained():
-    """The shipped model (eval mode, CPU) and its ``BPETokenizer``: what ``make train`` wrote.
-
-    ``CheckpointError`` naming the file when it is missing or corrupt.
-    """
-    model_path, tokenizer_path = pretrained_paths()
-    model = load_model(model_path)
-    if not tokenizer_path.is_file():
-        raise CheckpointError(f"tokenizer file {str(tokenizer_path)!r} does not exist (run make train)")
-    return model, BPETokenizer.load(tokenizer_path)
-
-
-def plot_history(history: dict, title: str = "Training the mini-LLM"):
-    """The loss curves of a ``train`` history: the training loss per step (a moving
-    average) and the validation loss at each evaluation, in nats per token."""
-    import matplotlib.pyplot as plt
-
-    losses = torch.as_tensor(history["train_loss"], dtype=torch.float32)
-    window = max(1, len(losses) // 50)
-    smooth = losses.unfold(0, window, 1).mean(-1) if len(losses) >= window else losses
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(torch.arange(len(smooth)) + window, smooth, label=f"training (mean of {window} steps)")
-    ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (windows of the held-out 10%)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+def _to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_to_device(value, device) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(value, device) for value in batch)
+    return batch

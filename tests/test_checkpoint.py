@@ -1,11 +1,12 @@
-"""minillm.checkpoint: atomic saves, clear errors, exact random-generator restore."""
+"""minillm.checkpoint: atomic saves, clear errors, exact random-generator restore, one rank or many."""
 import dataclasses
 import random
 
 import pytest
 import torch
 
-from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint, rank_and_world_size,
+                                rng_state, rng_states, save_checkpoint, set_rng_state, set_rng_states)
 
 
 def test_round_trip_of_model_and_optimizer(tmp_path):
@@ -94,3 +95,17 @@ def test_config_from_dict_rebuilds_the_dataclass_and_names_unknown_keys():
     assert config_from_dict(Shape, {"width": 5}) == Shape(5, 2)
     with pytest.raises(ValueError, match=r"unknown Shape fields \['colour', 'height'\]"):
         config_from_dict(Shape, {"width": 5, "height": 1, "colour": "red"})
+
+
+def test_without_a_process_group_there_is_one_rank_and_it_writes():
+    assert rank_and_world_size() == (0, 1) and is_main_process()
+    torch.manual_seed(3)
+    states = rng_states()
+    assert len(states) == 1 and torch.equal(states[0]["torch"], rng_state()["torch"])
+    expected = torch.rand(4)
+    torch.manual_seed(8)
+    set_rng_states(states)
+    assert torch.equal(torch.rand(4), expected)
+    with pytest.raises(ValueError, match="1 process"):
+        set_rng_states(states * 2)  # gathered from two processes: not this run's
+

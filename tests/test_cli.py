@@ -9,7 +9,9 @@ import torch
 from minillm import data
 from minillm.__main__ import _parser, main, sampling_settings
 from minillm.tokenizer import BPETokenizer
-from minillm.train import load_model, load_pretrained, nats_per_char, pretrained_paths
+from minillm.checkpoint import load_checkpoint
+from minillm.recipe import load_pretrained, pretrained_paths
+from minillm.train import load_model, nats_per_char
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["generate", "--help"], ["evaluate", "--help"]])
@@ -47,8 +49,14 @@ def test_resume_from_the_command_line(tmp_path, capsys):
               "--steps", "6", "--vocab-size", "280", "--context", "16", "--d-model", "16", "--layers", "1",
               "--heads", "2", "--batch-size", "2", "--quiet"]
     main(common)
+    first = load_checkpoint(tmp_path / "m.pt")
     main(common + ["--resume"])  # the run is complete: resuming does no step and writes the same model
     assert "validation loss" in capsys.readouterr().out
+    again = load_checkpoint(tmp_path / "m.pt")
+    assert all(torch.equal(again["model"][name], value) for name, value in first["model"].items())
+    assert again["train_loss"] == first["train_loss"] and len(first["train_loss"]) == 6
+    with pytest.raises(SystemExit, match="another TrainConfig"):
+        main(common[:-1] + ["--steps", "8", "--quiet", "--resume"])
 
 
 def test_train_leaves_the_shipped_model_alone_by_default(monkeypatch, capsys):

@@ -38,7 +38,6 @@ import time
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from minillm import course, data
 from minillm.config import count_parameters
@@ -347,9 +346,9 @@ class GPT(nn.Module):
 # %%
 #| stable
 from minillm import model as reference_model
-from minillm import train as reference_train
+from minillm.recipe import recipe_config
 
-recipe = reference_train.recipe_config(vocab_size=2048)
+recipe = recipe_config(vocab_size=2048)
 gpt2_style = reference_model.GPTConfig(**{**recipe.to_dict(), "positions": "learned", "norm": "layernorm", "ffn": "gelu",
                                           "d_ff": 4 * recipe.d_model, "bias": True})
 gqa = reference_model.GPTConfig(**{**recipe.to_dict(), "n_kv_heads": 2, "tie_embeddings": False})
@@ -466,26 +465,29 @@ plt.show()
   the tokenizer).
 - ``param_groups`` / ``build_optimizer``: AdamW with weight decay on the matrices only.
 - ``lr_schedule`` / ``build_scheduler``: linear warmup, then cosine decay to ``min_lr``.
-- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor.
-- ``train``: the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) with
-  checkpoints that carry the model, optimizer, scheduler, every random generator and the
-  data cursor, so that a resumed run repeats the uninterrupted one exactly.
-- ``DEFAULT_RECIPE``, ``load_pretrained``: the model ``make train`` trains and ships.
+- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor;
+  in data-parallel training each rank takes its own share of every batch.
+- ``train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)``:
+  the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) for any module, a
+  ``DistributedDataParallel`` wrapper included, any batch iterator and any loss.
+- ``TrainState``: everything the next step depends on besides the weights (optimizer,
+  scheduler, data cursor, every rank's random generators, step, history); it saves and
+  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
+
+The recipe of ``make train`` and the shipped model's files are in ``minillm.recipe``.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from minillm import data
-from minillm.checkpoint import CheckpointError, config_from_dict, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from minillm.ffn import swiglu_hidden_size
+from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint,
+                                rank_and_world_size, rng_states, save_checkpoint, set_rng_states)
+from minillm.checks import integer, non_negative_int, number, positive_int, positive_number
 from minillm.model import GPT, IGNORE_INDEX, GPTConfig
-from minillm.tokenizer import BPETokenizer
 
 # %%
 #| answer summed_nll
@@ -634,12 +636,15 @@ def nats_per_char(model: nn.Module, ids: torch.Tensor, n_chars: int, **kwargs) -
 
 # %% [markdown]
 # The course ships a model trained by `make train` (next section) with its tokenizer, in
-# the data folder. Here is what the loss looks like before and after training, on the
-# first part of the validation text, measured both ways:
+# the data folder, and `minillm.recipe.load_pretrained()` loads both. Here is what the
+# loss looks like before and after training, on the first part of the validation text,
+# measured both ways:
 
 # %%
 #| stable
-trained, tokenizer = reference_train.load_pretrained()
+from minillm.recipe import load_pretrained
+
+trained, tokenizer = load_pretrained()
 train_text, val_text = data.split_corpus(data.corpus_text())
 val_slice = val_text[: 20_000]
 val_ids = torch.tensor(tokenizer.encode(val_slice))
@@ -832,8 +837,10 @@ schedule = course.keep_going(
 )
 
 # %%
-recipe_steps, recipe_lr = reference_train.DEFAULT_RECIPE["steps"], reference_train.DEFAULT_RECIPE["lr"]
-recipe_warmup = reference_train.recipe_train_config().warmup_steps
+from minillm.recipe import DEFAULT_RECIPE, recipe_train_config
+
+recipe_steps, recipe_lr = DEFAULT_RECIPE["steps"], DEFAULT_RECIPE["lr"]
+recipe_warmup = recipe_train_config().warmup_steps
 steps = range(recipe_steps + 1)
 fig, ax = plt.subplots(figsize=(7, 3.2))
 ax.plot(steps, [schedule(s, recipe_lr, recipe_warmup, recipe_steps, recipe_lr / 10) for s in steps])
@@ -865,7 +872,9 @@ def build_scheduler(optimizer, warmup_steps: int, total_steps: int, min_ratio: f
 # `context + 1` tokens (inputs, and the same shifted by one as targets) starting at a
 # random offset, and visits them in a random order; the next epoch uses another offset.
 # Everything it will do is fixed by its seed, so its state is a cursor, (epoch, position),
-# which a checkpoint stores in two numbers.
+# which a checkpoint stores in two numbers. For data-parallel training (chapter 08),
+# `batch_size` is the *global* batch: `world_size` processes each take their own `rank`'s
+# share of every batch, so that together they see exactly what one process would.
 
 # %%
 #| export minillm/train.py
@@ -876,18 +885,31 @@ class BatchSampler:
     offset below ``context``, shuffles them, and yields batches: x (batch, context) and
     y = x shifted by one (the next tokens). The cursor (epoch, position) is the whole
     state: ``state_dict`` / ``load_state_dict`` resume exactly where it stopped.
+
+    ``batch_size`` is the global batch. With ``world_size`` processes, rank ``rank`` yields
+    rows ``rank * b : (rank + 1) * b`` of every global batch, b = batch_size / world_size:
+    x and y are (b, context), and the ranks' shards, stacked in rank order, are the batch
+    one process would yield. The cursor counts global rows, so it is the same on every rank.
     """
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, context: int, seed: int = 0):
+    def __init__(self, ids: torch.Tensor, batch_size: int, context: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point:
             raise TypeError(f"ids must be a 1-D integer tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
-        for name, value in (("batch_size", batch_size), ("context", context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("batch_size", batch_size)
+        positive_int("context", context)
+        integer("seed", seed)
+        positive_int("world_size", world_size)
+        if not 0 <= non_negative_int("rank", rank) < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if batch_size % world_size:
+            raise ValueError(f"batch_size (the global batch, {batch_size}) must be divisible by world_size "
+                             f"({world_size}): every process takes an equal share")
         if len(ids) < 2 * context + 1:
             raise ValueError(f"ids holds {len(ids)} tokens, too few for windows of context {context} "
                              f"(need at least {2 * context + 1})")
         self.ids, self.batch_size, self.context, self.seed = ids.long(), batch_size, context, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.position = 0, 0
         self._starts = self._epoch_starts(0)
 
@@ -908,13 +930,21 @@ class BatchSampler:
                 self._starts = self._epoch_starts(self.epoch)
             rows.append(self._starts[self.position])
             self.position += 1
-        windows = torch.stack([self.ids[s: s + self.context + 1] for s in rows])
+        share = self.batch_size // self.world_size
+        mine = rows[self.rank * share: (self.rank + 1) * share]
+        windows = torch.stack([self.ids[s: s + self.context + 1] for s in mine])
         return windows[:, :-1], windows[:, 1:]
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "batch_size": self.batch_size,
+                "context": self.context}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s cursor; ``ValueError`` when it is a cursor over
+        other batches (another global batch size or context)."""
+        for key in ("batch_size", "context"):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise ValueError(f"the saved sampler state has {key} {state[key]}, this sampler {getattr(self, key)}")
         self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
         self._starts = self._epoch_starts(self.epoch)
 
@@ -961,22 +991,23 @@ for step in range(bare_steps):
 # %% [markdown]
 # That is training. The package's loop adds what makes it usable: the hyper-parameters
 # in a `TrainConfig`, and weights-only model files written by `save_model` and read back
-# by `load_model`:
+# by `load_model`. A model wrapped for data-parallel training (chapter 08 wraps it in
+# PyTorch's `DistributedDataParallel`) trains as it is, and `unwrap` reaches the model
+# inside, the one whose weights and config a file keeps:
 
 # %%
 #| export minillm/train.py
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train: steps, batch, AdamW, schedule, clipping, evaluation, checkpoints.
+    """How to optimize: steps, AdamW, the schedule, clipping, when to evaluate and checkpoint.
 
     lr decays from ``lr`` to ``lr * min_lr_ratio`` by a cosine after ``warmup_steps``.
-    ``eval_every`` steps (and at the end) the loss is measured on ``eval_windows`` windows
-    of the validation tokens; ``checkpoint_every`` steps a checkpoint is written (when
-    ``train`` has a path).
+    Every ``eval_every`` steps (and at step ``steps``) ``train`` calls its ``evaluate``;
+    every ``checkpoint_every`` steps (and at its last step) it writes a checkpoint, when it
+    has a path. The batches, and so the batch size, come from the iterator ``train`` is given.
     """
 
     steps: int = 2000
-    batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
@@ -985,23 +1016,19 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     eval_every: int = 250
-    eval_windows: int = 64
     checkpoint_every: int = 500
-    seed: int = 0
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every", "eval_windows", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(f"warmup_steps must be an int in [0, steps={self.steps}], got {self.warmup_steps!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        for name in ("steps", "eval_every", "checkpoint_every"):
+            positive_int(name, getattr(self, name))
+        if not 0 <= non_negative_int("warmup_steps", self.warmup_steps) <= self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps!r}")
+        positive_number("lr", self.lr)
+        number("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        number("weight_decay", self.weight_decay, low=0.0)
+        for name in ("beta1", "beta2"):
+            number(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
+        number("grad_clip", self.grad_clip, low=0.0, low_open=True)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -1009,8 +1036,22 @@ class TrainConfig:
         return config_from_dict(cls, values)
 
 
-def save_model(path, model: GPT, **extra) -> None:
-    """A weights-only checkpoint: {"config", "model"} and any ``extra`` entries (plain data)."""
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module a wrapper trains: ``model.module`` of a ``DistributedDataParallel`` or
+    ``DataParallel``, the original of a ``torch.compile``d model; ``model`` itself otherwise."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's wrapper
+            model = model._orig_mod
+        else:
+            return model
+
+
+def save_model(path, model: nn.Module, **extra) -> None:
+    """A weights-only checkpoint of a GPT (or a wrapper of one): {"config", "model"} and any
+    ``extra`` entries (plain data)."""
+    model = unwrap(model)
     save_checkpoint(path, {"config": model.config.to_dict(), "model": model.state_dict(), **extra})
 
 
@@ -1020,6 +1061,8 @@ def load_model(path, map_location="cpu") -> GPT:
     A missing or corrupt file is a ``CheckpointError`` (a ``ValueError``) naming it.
     """
     state = load_checkpoint(path, required=("config", "model"), map_location=map_location)
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds no GPT config (it is a checkpoint of another module)")
     model = GPT(GPTConfig.from_dict(state["config"]))
     try:
         model.load_state_dict(state["model"])
@@ -1028,116 +1071,336 @@ def load_model(path, map_location="cpu") -> GPT:
     return model.eval()
 
 # %% [markdown]
-# `train` is the bare loop above (find it between `while step < last:` and `step += 1`)
-# with four additions:
+# `train` is the bare loop above (find it between `while state.step < last:` and
+# `state.step += 1`), opened up in three places and with four additions. What it trains
+# is open:
 #
-# - **Evaluation**: every `eval_every` steps, the loss on a few windows of the held-out
-#   text (`token_nll`), in eval mode.
-# - **Checkpoints**: every `checkpoint_every` steps, everything the next step depends
-#   on: the weights, AdamW's moment estimates, the scheduler's step, the state of every
-#   random generator (dropout draws from torch's), and the sampler's cursor. The files
+# - **Any model, any batches, any loss**: `train(model, batches, config, loss_fn=lm_loss)`
+#   takes a module, an iterator of batches and a function `loss_fn(model, batch)` that
+#   returns the loss. The default, `lm_loss`, is the bare loop's `model(x, y)[1]`. Another
+#   objective is another function: the masked language model below trains through the
+#   same `train`, and so does chapter 13's DPO. A `loss_fn` may return
+#   `(loss, {"name": value})`, and the numbers it names are logged beside the loss.
+# - **Evaluation** is a function too: every `eval_every` steps, `evaluate(model)` runs in
+#   eval mode and returns a dict of numbers, which the history logs. `held_out_loss(ids)`
+#   makes the usual one, the loss on a few windows of the held-out text (`token_nll`).
+# - **Data-parallel training**: every process (every *rank*) runs `train` on its own share
+#   of each batch (`BatchSampler(..., rank=, world_size=)`) with the model wrapped in
+#   `DistributedDataParallel`, which averages the gradients. The history logs the mean
+#   loss over the ranks; only the main process (rank 0) writes checkpoints and shows
+#   the progress bar. Chapter 08 launches it.
+#
+# And what it adds to the bare loop:
+#
+# - **A state**: a `TrainState` holds everything the next step depends on besides the
+#   weights: AdamW's moment estimates (in the optimizer), the scheduler's step, the
+#   sampler's cursor, the state of every random generator of every rank (dropout draws
+#   from torch's), the step count, and the history of losses and learning rates. `train`
+#   returns it, and takes one to continue from.
+# - **Checkpoints**: every `checkpoint_every` steps, the weights and the state. The files
 #   are written to a temporary name and then renamed
 #   (`minillm.checkpoint.save_checkpoint`), so a crash while saving leaves the previous
 #   checkpoint intact; a missing or corrupt file is a `CheckpointError` naming it.
-# - **Resuming**: `resume=True` first checks that the checkpoint belongs to this run (the
-#   same `TrainConfig`, the same model config), then restores all of it. The resumed run
-#   then takes *exactly* the steps the uninterrupted run would have taken.
-# - **A history** of the losses and learning rates, and a `tqdm` progress bar.
+# - **Resuming**: `TrainState.load(path, model, config)` first checks that the checkpoint
+#   belongs to this run (the same `TrainConfig`, the same model config), then restores
+#   all of it, and `train(..., state=state)` takes *exactly* the steps the uninterrupted
+#   run would have taken. That needs batches that can save and restore their place
+#   (`state_dict` / `load_state_dict`, as `BatchSampler` does); any other iterator still
+#   trains, but a resume from it is refused with an error rather than continued from
+#   the wrong batch.
+# - **A `tqdm` progress bar.**
 
 # %%
 #| export minillm/train.py
-def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig = TrainConfig(),
-          checkpoint_path=None, resume: bool = False, stop_after: int | None = None,
-          progress: bool = True, extra: dict | None = None) -> dict:
-    """Train ``model`` on the 1-D token stream ``train_ids``; evaluate on ``val_ids``.
+def lm_loss(model: nn.Module, batch) -> torch.Tensor | tuple[torch.Tensor, dict[str, float]]:
+    """``train``'s default loss: ``model(x, y)[1]`` for a batch ``(x, y)`` of (batch, seq)
+    ids, a GPT's mean next-token cross-entropy (its auxiliary losses included).
 
-    checkpoint_path: where checkpoints go (every ``config.checkpoint_every`` steps and at
-    the end). resume: load ``checkpoint_path`` first and continue from its step; the
-    result equals an uninterrupted run. stop_after: stop after this many steps in all
-    (as if interrupted; the schedule still spans ``config.steps``). extra: plain data
-    stored in every checkpoint (for example the tokenizer's file name).
-
-    Returns the history: {"train_loss": tensor (steps done,), float32, one per step;
-    "lr": list; "val_step": list; "val_loss": list (nats per token)}, covering the
-    whole run, the steps before a resume included.
+    A model that keeps the parts of its auxiliary losses in ``last_aux_losses`` (a dict of
+    floats, as chapter 11's MoE does) has them returned too, ``(loss, parts)``, to be logged.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a GPT, got {type(model).__name__}")
-    device = next(model.parameters()).device
-    context = model.config.context_length
-    optimizer = build_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
-    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
-    sampler = BatchSampler(train_ids, config.batch_size, context, seed=config.seed)
-    history = {"train_loss": [], "lr": [], "val_step": [], "val_loss": []}
-    step = 0
-    if resume:
-        if checkpoint_path is None:
-            raise ValueError("resume=True needs a checkpoint_path")
-        state = load_checkpoint(checkpoint_path, required=("model", "optimizer", "scheduler", "rng", "sampler", "step"),
-                                map_location=device)
-        if state.get("train_config") != asdict(config):  # checked before anything is loaded into model
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} was written with another TrainConfig: "
-                                  f"{state.get('train_config')} (this run: {asdict(config)})")
-        if state.get("config") is not None and state["config"] != model.config.to_dict():
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} holds another model: {state['config']} "
-                                  f"(this run: {model.config.to_dict()})")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        step = int(state["step"])
-        history = {key: list(value) for key, value in state["history"].items()}
+    x, y = batch
+    _, loss = model(x, y)
+    parts = getattr(unwrap(model), "last_aux_losses", None)
+    return (loss, dict(parts)) if parts else loss
+
+
+def held_out_loss(ids: torch.Tensor, max_windows: int | None = 64, batch_size: int = 32):
+    """An ``evaluate`` for ``train``: ``{"val_loss": nats per token}`` of the model on
+    ``max_windows`` evenly spaced windows of the 1-D token stream ``ids`` (``token_nll``)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or len(ids) < 2:
+        raise ValueError(f"ids must be a 1-D tensor of at least 2 tokens, got {getattr(ids, 'shape', ids)}")
+    positive_int("batch_size", batch_size)
+    if max_windows is not None:
+        positive_int("max_windows", max_windows)
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        total, count = token_nll(unwrap(model), ids, batch_size=batch_size, max_windows=max_windows)
+        return {"val_loss": total / count}
+
+    return evaluate
+
+
+HISTORY = ("train_loss", "lr", "val_step")  # the lists every history has; loss_fn and evaluate add their own
+_RUN = ("format", "config", "train_config", "model", "optimizer", "scheduler", "step", "history", "batches", "rng")
+
+
+@dataclass(eq=False)
+class TrainState:
+    """Everything the next training step depends on, besides the model's weights.
+
+    optimizer, scheduler: they hold their own state (AdamW's moments, the schedule's step).
+    step: optimizer steps taken. history: lists, {"train_loss": the loss of each step's
+    batch, "lr": the learning rate of each step, "val_step": the steps at which
+    ``evaluate`` ran}, plus a list for every name that ``loss_fn`` (one entry a step) or
+    ``evaluate`` (one entry an evaluation) reported. batches: the batch iterator's
+    ``state_dict()`` at ``step``; rng: every rank's random generators at ``step``
+    (``minillm.checkpoint.rng_states``), in rank order. ``train`` brings those two up to
+    date at each checkpoint and at its end; None means "not recorded".
+
+    ``TrainState.new(model, config)`` starts afresh; ``save`` and ``TrainState.load``
+    write and read it, with the weights, as a training checkpoint.
+    """
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    history: dict = field(default_factory=lambda: {key: [] for key in HISTORY})
+    batches: dict | None = None
+    rng: list | None = None
+
+    @classmethod
+    def new(cls, model: nn.Module, config: "TrainConfig") -> "TrainState":
+        """Step 0: AdamW over ``param_groups(model)`` and the warmup-then-cosine schedule of ``config``."""
+        optimizer = build_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        return cls(optimizer, build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio))
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "step": self.step,
+                "history": self.history, "batches": self.batches, "rng": self.rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.history = {key: list(values) for key, values in state["history"].items()}
+        self.batches, self.rng = state["batches"], state["rng"]
+
+    def save(self, path, model: nn.Module, config: "TrainConfig", **extra):
+        """Write a training checkpoint at ``path``: the weights and config of ``unwrap(model)``
+        (so that ``load_model`` reads them without the wrapper), ``config``, this state and
+        ``extra`` plain data. Only the main process writes: it returns the path, every
+        other rank None."""
+        clash = sorted(set(extra) & set(_RUN))
+        if clash:
+            raise ValueError(f"extra must not use the checkpoint's own keys {clash}")
+        if not is_main_process():
+            return None
+        inner = unwrap(model)
+        return save_checkpoint(path, {"format": "minillm training checkpoint", "config": _model_config(inner),
+                                      "train_config": asdict(config), "model": inner.state_dict(),
+                                      **self.state_dict(), **extra})
+
+    @classmethod
+    def load(cls, path, model: nn.Module, config: "TrainConfig", map_location=None) -> "TrainState":
+        """The state a training checkpoint holds, for ``train(..., state=...)``; its weights
+        are loaded into ``unwrap(model)``.
+
+        ``CheckpointError`` naming the path when the file is missing or corrupt, or belongs
+        to another run (another ``TrainConfig``, another model config); the model is then
+        left as it was. map_location: default, the device of the model's parameters.
+        """
+        inner = unwrap(model)
+        if map_location is None:
+            map_location = next(inner.parameters()).device
+        saved = load_checkpoint(path, required=_RUN[2:], map_location=map_location)
+        if saved["train_config"] != asdict(config):  # checked before anything is loaded into the model
+            raise CheckpointError(f"checkpoint {str(path)!r} was written with another TrainConfig: "
+                                  f"{saved['train_config']} (this run: {asdict(config)})")
+        if saved.get("config") != _model_config(inner):
+            raise CheckpointError(f"checkpoint {str(path)!r} holds another model: {saved.get('config')} "
+                                  f"(this run: {_model_config(inner)})")
+        try:
+            inner.load_state_dict(saved["model"])
+        except RuntimeError as error:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit the model: {error}") from error
+        state = cls.new(model, config)
+        state.load_state_dict(saved)
+        return state
+
+
+def _model_config(model: nn.Module) -> dict | None:
+    config = getattr(model, "config", None)
+    return config.to_dict() if hasattr(config, "to_dict") else None
+
+# %% [markdown]
+# The loop itself. Apart from the bookkeeping, every line of the bare loop is in it, in
+# the same order:
+
+# %%
+#| export minillm/train.py
+def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, evaluate=None,
+          state: TrainState | None = None, checkpoint_path=None, stop_after: int | None = None,
+          progress: bool = True, extra: dict | None = None) -> TrainState:
+    """Train ``model`` for ``config.steps`` optimizer steps, one batch of ``batches`` each.
+
+    model: any module; a ``DistributedDataParallel`` wrapper trains data-parallel (every
+    rank calls ``train`` with the same arguments and its own shard of each batch).
+    batches: an iterator of batches (tensors, or tuples, lists or dicts of them; they are
+    moved to the model's device). One with ``state_dict()`` / ``load_state_dict()``, such
+    as ``BatchSampler``, resumes exactly; any other trains but refuses to resume a ``state``.
+    loss_fn(model, batch): the loss to minimize, a 0-dim tensor, or ``(loss, dict)`` whose
+    numbers are logged, one entry a step. evaluate(model): a dict of numbers, logged every
+    ``config.eval_every`` steps and at step ``config.steps``; it runs on every rank, in
+    eval mode, without gradients. state: a ``TrainState`` to continue (the one a previous
+    call returned, or ``TrainState.load``); None starts afresh. checkpoint_path: where
+    checkpoints go, every ``config.checkpoint_every`` steps and at the last step (only
+    rank 0 writes). stop_after: stop after this many steps in all, as if interrupted (the
+    schedule still spans ``config.steps``). extra: plain data stored in every checkpoint.
+
+    Returns the state after the last step. Its history covers the whole run, the steps
+    before a resume included; with several ranks its losses are the means over the ranks.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function (model, batch) -> loss, got {type(loss_fn).__name__}")
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError(f"evaluate must be None or a function (model) -> dict, got {type(evaluate).__name__}")
+    if stop_after is not None:
+        non_negative_int("stop_after", stop_after)
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise ValueError("model has no parameters to train")
+    device = parameter.device
+    rank, world_size = rank_and_world_size()
+    resumable = callable(getattr(batches, "state_dict", None)) and callable(getattr(batches, "load_state_dict", None))
+    if state is None:
+        state = TrainState.new(model, config)
+    elif not isinstance(state, TrainState):
+        raise TypeError(f"state must be a TrainState or None, got {type(state).__name__}")
+    else:
+        _restore(state, batches, resumable, world_size)
+    iterator = iter(batches)
+    optimizer, scheduler, history = state.optimizer, state.scheduler, state.history
     last = config.steps if stop_after is None else min(stop_after, config.steps)
 
-    def evaluate_now():
-        total, count = token_nll(model, val_ids, context, config.batch_size, max_windows=config.eval_windows)
-        history["val_step"].append(step)
-        history["val_loss"].append(total / count)
-
-    def checkpoint():
-        save_checkpoint(checkpoint_path, {
-            "format": "minillm training checkpoint", "config": model.config.to_dict(), "train_config": asdict(config),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": rng_state(), "sampler": sampler.state_dict(), "step": step, "history": history, **(extra or {}),
-        })
-
     model.train()
-    bar = tqdm(total=last, initial=step, desc="training", disable=not progress)
-    while step < last:
-        x, y = next(sampler)
-        _, loss = model(x.to(device), y.to(device))
+    bar = tqdm(total=last, initial=state.step, desc="training", disable=not (progress and rank == 0))
+    while state.step < last:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError(f"batches (a {type(batches).__name__}) ran out after step {state.step} "
+                             f"of {config.steps}") from None
+        loss, metrics = _loss_and_metrics(loss_fn(model, _to_device(batch, device)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         history["lr"].append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-        step += 1
-        history["train_loss"].append(loss.item())  # a float32 value, exactly
-        if step % config.eval_every == 0 or step == config.steps:
-            evaluate_now()
+        state.step += 1
+        for name, value in _mean_over_ranks({"train_loss": loss, **metrics}, world_size).items():
+            history.setdefault(name, []).append(value)
+        if evaluate is not None and (state.step % config.eval_every == 0 or state.step == config.steps):
+            model.eval()
+            with torch.no_grad():
+                results = evaluate(model)
             model.train()
-        if checkpoint_path is not None and (step % config.checkpoint_every == 0 or step == last):
-            checkpoint()
+            history["val_step"].append(state.step)
+            for name, value in _numbers(results, "evaluate").items():
+                history.setdefault(name, []).append(value.item() if isinstance(value, torch.Tensor) else float(value))
+        if checkpoint_path is not None and (state.step % config.checkpoint_every == 0 or state.step == last):
+            _record(state, batches, resumable)
+            state.save(checkpoint_path, model, config, **(extra or {}))
         bar.update(1)
-        if step % 10 == 0 or step == last:
-            postfix = {"loss": f"{loss.item():.3f}"}
-            if history["val_loss"]:
-                postfix["val"] = f"{history['val_loss'][-1]:.3f}"
-            bar.set_postfix(postfix)
+        if state.step % 10 == 0 or state.step == last:
+            shown = ("train_loss", "val_loss")
+            bar.set_postfix({name: f"{history[name][-1]:.3f}" for name in shown if history.get(name)})
     bar.close()
+    _record(state, batches, resumable)
     model.eval()
-    return {**history, "train_loss": torch.tensor(history["train_loss"], dtype=torch.float32)}
+    return state
+
+
+def _restore(state: TrainState, batches, resumable: bool, world_size: int) -> None:
+    """Put the batches and every rank's random generators where ``state`` left them."""
+    if state.step > 0 or state.batches is not None:
+        if not resumable:
+            raise TypeError(f"batches (a {type(batches).__name__}) has no state_dict() / load_state_dict(), so it "
+                            f"cannot resume a TrainState at step {state.step}: use batches that can (BatchSampler), "
+                            f"or start afresh with state=None")
+        if state.batches is None:
+            raise ValueError(f"state (step {state.step}) holds no position of the batches: it was trained from an "
+                             f"iterator that cannot resume")
+        batches.load_state_dict(state.batches)
+    if state.rng is not None:
+        if len(state.rng) != world_size:
+            raise ValueError(f"state holds the random generators of {len(state.rng)} process(es), this run has "
+                             f"{world_size}: resume with as many processes")
+        set_rng_states(state.rng)
+
+
+def _record(state: TrainState, batches, resumable: bool) -> None:
+    """Bring ``state.batches`` and ``state.rng`` up to date (on every rank: it gathers)."""
+    state.batches = batches.state_dict() if resumable else None
+    state.rng = rng_states()
+
+
+def _loss_and_metrics(result) -> tuple[torch.Tensor, dict]:
+    if isinstance(result, tuple) and len(result) != 2:
+        raise ValueError(f"loss_fn must return a loss or (loss, dict), got a tuple of {len(result)}")
+    loss, metrics = result if isinstance(result, tuple) else (result, {})
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"loss_fn must return a 0-dim tensor as its loss, got {got}")
+    return loss, _numbers(metrics, "loss_fn")
+
+
+def _numbers(values, source: str) -> dict:
+    """``values`` checked: a dict of numbers (or 0-dim tensors) whose names the history does not reserve."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{source} must give a dict of numbers, got {type(values).__name__}")
+    taken = sorted(set(values) & set(HISTORY))
+    if taken:
+        raise ValueError(f"{source} must not name its numbers {taken}: the history keeps those itself")
+    return values
+
+
+def _mean_over_ranks(values: dict, world_size: int) -> dict[str, float]:
+    """Plain floats of ``values``, averaged over the ranks (one all-reduce) when there are several."""
+    if world_size == 1:
+        return {name: value.item() if isinstance(value, torch.Tensor) else float(value)  # float32's value, exactly
+                for name, value in values.items()}
+    device = values["train_loss"].device
+    stacked = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=device).detach().reshape(())
+                           for value in values.values()])
+    torch.distributed.all_reduce(stacked)
+    return dict(zip(values, (stacked / world_size).tolist()))
+
+
+def _to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_to_device(value, device) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(value, device) for value in batch)
+    return batch
 
 # %% [markdown]
-# The recipe that `make train` runs, and the helpers that load what it ships. The model
-# is Llama-style rather than GPT-2-style because it learns faster here. Given the same
-# budget, 3,000 steps of 8 windows of 128 tokens (3.1 million tokens, about nine passes
-# over the 347,000 training tokens), the shipped model reached 1.468 nats per character
-# on the validation text, and a GPT-2-style model of exactly the same size (1,066,112
-# parameters: learned positions, LayerNorm, GELU; neither has biases) 1.527. The second
-# run is
+# The recipe that `make train` runs, and the helpers that load what it ships, are in
+# `minillm.recipe`. The model is Llama-style rather than GPT-2-style because it learns
+# faster here. Given the same budget, 3,000 steps of 8 windows of 128 tokens (3.1 million
+# tokens, about nine passes over the 347,000 training tokens), the shipped model reached
+# 1.468 nats per character on the validation text, and a GPT-2-style model of exactly the
+# same size (1,066,112 parameters: learned positions, LayerNorm, GELU; neither has biases)
+# 1.527. The second run is
 #
 #     python -m minillm train --threads 1 --positions learned --norm layernorm --ffn gelu --out build/gpt2-style.pt
 #
@@ -1145,84 +1408,7 @@ def train(model: GPT, train_ids: torch.Tensor, val_ids: torch.Tensor, config: Tr
 # repeats the recipe itself; it writes into `build/`, so the shipped model in `data/`
 # stays as it is (only `make train` replaces it), and it prints the command that talks
 # to the model it trained.
-
-# %%
-#| export minillm/train.py
-# The recipe of `make train` / `python -m minillm train`, and the files it ships in data/: a
-# Llama-style model (RoPE, RMSNorm, SwiGLU with the 2/3 rule, no biases, tied embeddings).
-DEFAULT_RECIPE = dict(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0,
-                      positions="rope", norm="rmsnorm", ffn="swiglu", steps=3000, batch_size=8, lr=3e-3)
-PRETRAINED = "minillm-shakespeare.pt"
-_SHAPE = ("context_length", "d_model", "n_layers", "n_heads", "dropout", "positions", "norm", "ffn")
-
-
-def recipe_config(vocab_size: int, **overrides) -> GPTConfig:
-    """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win).
-
-    d_ff follows d_model: 4 d_model for GELU/ReLU, the 2/3 rule for SwiGLU (``swiglu_hidden_size``
-    rounded to a multiple of 32), unless given.
-    """
-    shape = {**{key: DEFAULT_RECIPE[key] for key in _SHAPE}, **overrides}
-    if "d_ff" not in shape:
-        d = shape["d_model"]
-        shape["d_ff"] = swiglu_hidden_size(d, multiple_of=32) if shape["ffn"] == "swiglu" else 4 * d
-    return GPTConfig(**{"name": "minillm-shakespeare", "vocab_size": vocab_size, "bias": False,
-                        "attention_backend": "sdpa", **shape})
-
-
-def recipe_train_config(**overrides) -> TrainConfig:
-    """The default training config (``overrides`` win): warmup over 3% of the steps."""
-    steps = overrides.pop("steps", DEFAULT_RECIPE["steps"])
-    values = dict(steps=steps, batch_size=DEFAULT_RECIPE["batch_size"], lr=DEFAULT_RECIPE["lr"],
-                  warmup_steps=max(1, steps * 3 // 100), eval_every=max(1, steps // 20),
-                  checkpoint_every=max(1, steps // 10))
-    return TrainConfig(**{**values, **overrides})
-
-
-def tokenizer_path_for(model_path) -> Path:
-    """Where the tokenizer of a model file lives: beside it, ``NAME-tokenizer.json``."""
-    model_path = Path(model_path)
-    return model_path.with_name(model_path.stem + "-tokenizer.json")
-
-
-def pretrained_paths() -> tuple[Path, Path]:
-    """The shipped model and its tokenizer, in the course's data folder (``minillm.data``)."""
-    model_path = data.data_dir() / PRETRAINED
-    return model_path, tokenizer_path_for(model_path)
-
-
-def load_pretrained():
-    """The shipped model (eval mode, CPU) and its ``BPETokenizer``: what ``make train`` wrote.
-
-    ``CheckpointError`` naming the file when it is missing or corrupt.
-    """
-    model_path, tokenizer_path = pretrained_paths()
-    model = load_model(model_path)
-    if not tokenizer_path.is_file():
-        raise CheckpointError(f"tokenizer file {str(tokenizer_path)!r} does not exist (run make train)")
-    return model, BPETokenizer.load(tokenizer_path)
-
-
-def plot_history(history: dict, title: str = "Training the mini-LLM"):
-    """The loss curves of a ``train`` history: the training loss per step (a moving
-    average) and the validation loss at each evaluation, in nats per token."""
-    import matplotlib.pyplot as plt
-
-    losses = torch.as_tensor(history["train_loss"], dtype=torch.float32)
-    window = max(1, len(losses) // 50)
-    smooth = losses.unfold(0, window, 1).mean(-1) if len(losses) >= window else losses
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(torch.arange(len(smooth)) + window, smooth, label=f"training (mean of {window} steps)")
-    ax.plot(history["val_step"], history["val_loss"], "o-", label="validation (windows of the held-out 10%)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-# %% [markdown]
+#
 # Here is `train` at work on the same small shape, trained from scratch for 500 steps
 # (40 in quick mode). It uses the package's `train`, so the schedule is the course's
 # reference whatever happened in Exercise 2. The BERT-style section below trains a twin
@@ -1232,34 +1418,38 @@ def plot_history(history: dict, title: str = "Training the mini-LLM"):
 demo_steps = 40 if course.QUICK else 500
 torch.manual_seed(0)
 demo = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, **small))  # + 1: see below
-demo_config = reference_train.TrainConfig(steps=demo_steps, batch_size=16, lr=6e-3, warmup_steps=demo_steps // 20,
-                                          eval_every=demo_steps // 4, eval_windows=16)
+demo_config = reference_train.TrainConfig(steps=demo_steps, lr=6e-3, warmup_steps=demo_steps // 20,
+                                          eval_every=demo_steps // 4)
+demo_batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)
 started = time.perf_counter()
-demo_history = reference_train.train(demo, train_tokens, val_ids, demo_config)
+demo_state = reference_train.train(demo, demo_batches, demo_config,
+                                   evaluate=reference_train.held_out_loss(val_ids, max_windows=16, batch_size=16))
+demo_history = demo_state.history
 print(f"{demo_steps} steps in {time.perf_counter() - started:.1f} s; training loss (mean of 10 batches) "
-      f"{demo_history['train_loss'][:10].mean():.2f} → {demo_history['train_loss'][-10:].mean():.2f} nats per token; "
-      f"validation (16 windows) {demo_history['val_loss'][-1]:.2f}")
+      f"{sum(demo_history['train_loss'][:10]) / 10:.2f} → {sum(demo_history['train_loss'][-10:]) / 10:.2f} nats per "
+      f"token; validation (16 windows) {demo_history['val_loss'][-1]:.2f}")
 on_train, on_val = (reference_train.token_nll(demo, ids, max_windows=256) for ids in (train_tokens, val_ids))
 print(f"the final model on 256 windows of each text: training {on_train[0] / on_train[1]:.2f}, "
       f"validation {on_val[0] / on_val[1]:.2f} nats per token")
 
 # %% [markdown]
-# The last validation loss (4.43) lies below the last training loss (4.66), which is
+# The last validation loss (4.43) lies below the last training loss (4.68), which is
 # only noise. The training figure is the mean over the last 10 batches, each measured
 # before its step; the validation figure comes from 16 windows. Both are small samples,
-# and on 256 windows of each text the final model scores about the same on both, 4.62
-# on training text and 4.58 on validation text: after 500 steps, one and a half passes
+# and on 256 windows of each text the final model scores about the same on both, 4.63
+# on training text and 4.59 on validation text: after 500 steps, one and a half passes
 # over the training text, it has not begun to memorize.
 #
 # The shipped model went through the same loop for much longer: `make train` ran the
-# recipe above (its numbers are in `DEFAULT_RECIPE`) in 7 minutes on one CPU thread.
-# Its checkpoint keeps the history of that run:
+# recipe above (its numbers are in `minillm.recipe.DEFAULT_RECIPE`) in 7 minutes on one
+# CPU thread. Its checkpoint keeps the history of that run:
 
 # %%
 from minillm.checkpoint import load_checkpoint
+from minillm.recipe import pretrained_paths
 
-shipped = load_checkpoint(reference_train.pretrained_paths()[0])
-fig = reference_train.plot_history(shipped, title="make train: the shipped model's loss curves")
+shipped = load_checkpoint(pretrained_paths()[0])
+fig = course.plot_history(shipped, title="make train: the shipped model's loss curves")
 plt.show()
 print(f"validation loss of the shipped model: {shipped['val_nats_per_char']:.3f} nats per character "
       f"(the whole validation text, {len(val_text):,d} characters)")
@@ -1281,6 +1471,8 @@ print(f"validation loss of the shipped model: {shipped['val_nats_per_char']:.3f}
 # one that never stopped. The cell trains a tiny model with dropout (so the random
 # generators matter) for 16 steps, then again with an interruption after step 7 and a
 # resume into a freshly built model, and compares the two loss trajectories bit for bit.
+# Last, it tries to resume from batches that cannot say where they are, a plain Python
+# iterator over the same windows: `train` refuses.
 
 # %%
 #| stable
@@ -1289,22 +1481,34 @@ from pathlib import Path
 
 tiny = reference_model.GPTConfig(vocab_size=len(tokenizer), context_length=16, d_model=32, n_layers=2, n_heads=2,
                                   d_ff=64, dropout=0.2)
-tiny_run = reference_train.TrainConfig(steps=16, batch_size=4, warmup_steps=2, eval_every=8, checkpoint_every=4)
+tiny_run = reference_train.TrainConfig(steps=16, warmup_steps=2, eval_every=8, checkpoint_every=4)
+
+
+def tiny_batches():
+    return reference_train.BatchSampler(train_tokens, batch_size=4, context=16)
+
+
 torch.manual_seed(1)
-whole = reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run, progress=False)
+whole = reference_train.train(reference_model.GPT(tiny), tiny_batches(), tiny_run, progress=False)
 with tempfile.TemporaryDirectory() as folder:
     checkpoint = Path(folder) / "run.pt"
     torch.manual_seed(1)
-    reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run, checkpoint_path=checkpoint,
+    reference_train.train(reference_model.GPT(tiny), tiny_batches(), tiny_run, checkpoint_path=checkpoint,
                           stop_after=7, progress=False)
     torch.manual_seed(99)  # another initialization, another random state: the checkpoint must restore them
-    resumed = reference_train.train(reference_model.GPT(tiny), train_tokens, val_ids, tiny_run,
-                                    checkpoint_path=checkpoint, resume=True, progress=False)
-print("identical loss trajectories:", torch.equal(whole["train_loss"], resumed["train_loss"]))
+    model = reference_model.GPT(tiny)
+    state = reference_train.TrainState.load(checkpoint, model, tiny_run)
+    resumed = reference_train.train(model, tiny_batches(), tiny_run, state=state, checkpoint_path=checkpoint,
+                                    progress=False)
+print("identical loss trajectories:", whole.history["train_loss"] == resumed.history["train_loss"])
 try:
     reference_train.load_model(Path(folder) / "run.pt")  # the temporary folder is gone
 except ValueError as error:
     print(f"loading a missing checkpoint: {type(error).__name__}, naming the path: {str(checkpoint) in str(error)}")
+try:
+    reference_train.train(model, (batch for batch in tiny_batches()), tiny_run, state=resumed, progress=False)
+except TypeError as error:
+    print(f"resuming from a plain iterator: {type(error).__name__}: {str(error).split(':')[0]}")
 
 # %% [markdown]
 # ## Output generation
@@ -1877,8 +2081,10 @@ for label, settings in (("greedy", dict(temperature=0)), ("temperature 0.8, top-
 #
 # The encoder below is a twin of the small GPT trained in the Training section: the same
 # shape and switches, the same batches in the same order, the same number of steps, the
-# same optimizer and schedule. (That GPT got the extra vocabulary entry too, unused, so
-# the two have exactly the same parameters.) Only the attention mask and the task differ.
+# same optimizer and schedule, the same `train`. (That GPT got the extra vocabulary entry
+# too, unused, so the two have exactly the same parameters.) Only the attention mask and
+# the task differ, and the task is the `loss_fn` handed to `train`: it hides tokens, and
+# logs which share of them it hid.
 # That is why it is built as `GPT(architecture="encoder")`, pre-norm with RoPE, RMSNorm
 # and SwiGLU, and not from the sleeve's `minillm.block.EncoderLayer` (chapter 06): that
 # layer is post-norm with LayerNorm and a ReLU or GELU FFN, and has no positions of its
@@ -1898,20 +2104,24 @@ def mask_tokens(ids: torch.Tensor, fraction: float, generator: torch.Generator):
     return ids.masked_fill(hidden, mask_id), ids.masked_fill(~hidden, -100)
 
 
+masking = torch.Generator().manual_seed(2)
+
+
+def masked_lm_loss(model, batch):
+    """The masked language model's loss on a batch (x, y) of windows (y is not needed), and
+    the share of tokens it hid."""
+    inputs, targets = mask_tokens(batch[0], 0.15, masking)
+    _, loss = model(inputs, targets)
+    return loss, {"hidden": (targets != -100).float().mean().item()}
+
+
 torch.manual_seed(0)
 encoder = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, architecture="encoder", **small))
-optimizer = reference_train.build_optimizer(encoder, demo_config.lr)
-scheduler = reference_train.build_scheduler(optimizer, demo_config.warmup_steps, demo_config.steps)
-sampler = reference_train.BatchSampler(train_tokens, demo_config.batch_size, 64, seed=demo_config.seed)  # the GPT's batches
-masking = torch.Generator().manual_seed(2)
-for step in tqdm(range(demo_config.steps), desc="masked LM"):
-    x, _ = next(sampler)
-    _, loss = encoder(*mask_tokens(x, 0.15, masking))
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(encoder.parameters(), demo_config.grad_clip)
-    optimizer.step()
-    scheduler.step()
+encoder_batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)  # the GPT's batches
+encoder_history = reference_train.train(encoder, encoder_batches, demo_config, loss_fn=masked_lm_loss).history
+print(f"masked LM: {demo_config.steps} steps, {sum(encoder_history['hidden']) / demo_config.steps:.1%} of the tokens "
+      f"hidden; loss on the hidden tokens {encoder_history['train_loss'][0]:.2f} → "
+      f"{sum(encoder_history['train_loss'][-10:]) / 10:.2f} nats per token (mean of the last 10 batches)")
 
 # %% [markdown]
 # Now both predict the same hidden tokens of the validation text: every eighth position
@@ -1942,12 +2152,12 @@ for name, total in results.items():
 # %% [markdown]
 # (Full mode; after the 40 steps of quick mode neither model has learned much.) Two
 # things show. The encoder predicts a hidden token better when it can see what follows,
-# 5.52 nats per token against 6.12 with the left side only: it has learned to use the
+# 5.73 nats per token against 5.89 with the left side only: it has learned to use the
 # right side, which a GPT never sees. And yet the GPT, trained for as many steps on the
-# same batches, predicts *better*, 4.62, from the left side alone than the encoder does
+# same batches, predicts *better*, 4.64, from the left side alone than the encoder does
 # from both: every position of every window was a training target for the GPT, but only
 # the 15% the encoder hid were targets for it. Given only the left side, the situation of
-# generating text, the encoder is far behind (6.12 against 4.62). Masked language models
+# generating text, the encoder is far behind (5.89 against 4.64). Masked language models
 # need much more training for the same quality (the ELECTRA paper, 2020, makes this its
 # starting point), and what they are good at is *representing* a given text, not
 # continuing it.
@@ -1989,7 +2199,7 @@ plt.show()
 # *Model answer.* The encoder was trained to fill a hidden token *given both sides*; when
 # generating, the right side does not exist yet, so every step would present it with an
 # input unlike its training (a prefix ending in the mask, nothing after it), where it
-# predicts worst (6.12 nats per token above, against 5.52 with both sides and 4.62 for
+# predicts worst (5.89 nats per token above, against 5.73 with both sides and 4.64 for
 # the GPT), and its predictions are not a proper left-to-right distribution: there is no
 # factorization $p(x) = \prod_t p(x_t \mid x_{<t})$ to sample from. It would also have to rerun
 # everything each step, because a new token changes the representation of every earlier
@@ -2080,14 +2290,19 @@ print(f"generating is {generation / full:.0f} times slower than scoring the same
 #   configurations).
 # - `minillm.train`: `summed_nll` (Exercise 1), `token_nll`, `nats_per_char`;
 #   `param_groups`, `build_optimizer`; `lr_schedule` (Exercise 2), `build_scheduler`;
-#   `BatchSampler`; `TrainConfig` and `train` with exact resume; `save_model`,
-#   `load_model`, `load_pretrained`, the recipe of `make train`.
+#   `BatchSampler` (sharded by rank for data-parallel training); `TrainConfig`,
+#   `train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)`
+#   for any module, batches and loss, and `TrainState`, which saves and resumes exactly;
+#   `held_out_loss`, `unwrap`, `save_model`, `load_model`.
+# - `minillm.recipe`: the recipe of `make train` (`DEFAULT_RECIPE`, `recipe_config`,
+#   `recipe_train_config`) and the shipped model's files (`pretrained_paths`,
+#   `load_pretrained`); `minillm.course.plot_history` draws a run's loss curves.
 # - `minillm.sampling`: `greedy`, `apply_temperature`, `top_k_filter` (Exercise 3),
 #   `top_p_filter` (Exercise 4), `sample_next`.
 # - `minillm.generate`: `generate(model, ids, max_new_tokens, temperature=1.0, top_k=None,
 #   top_p=None, kv_cache=None)` and `generate_text`.
 # - The command line, `python -m minillm train | generate | evaluate`, and the shipped
-#   model in `data/`, which later chapters load with `minillm.train.load_pretrained()`.
+#   model in `data/`, which later chapters load with `minillm.recipe.load_pretrained()`.
 #   (`minillm.convert.from_hf_gpt2` loads a Hugging Face GPT-2 into `GPT`; the tests
 #   check the logits against `transformers`.)
 #
