@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,26 @@ def _text(value) -> str | None:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "".join(value)
     return None
+
+
+def read_submission(path: Path) -> bytes:
+    """The bytes of a submitted file, which must be a regular file (never a link followed,
+    a pipe that blocks, or more than :data:`MAX_NOTEBOOK_BYTES` read)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        why = "it is a symbolic link" if path.is_symlink() else error.strerror
+        raise SubmissionError(f"{path.name} cannot be read: {why}") from None
+    with os.fdopen(fd, "rb") as stream:
+        info = os.fstat(stream.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise SubmissionError(f"{path.name} is not a regular file, so it was not read")
+        data = stream.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise SubmissionError(f"{path.name} is more than {MAX_NOTEBOOK_BYTES // 2**20} MiB; a notebook may be at "
+                              "most that (clear large outputs and submit again)")
+    return data
 
 
 def read_cells(data: bytes, name: str) -> list[dict]:
