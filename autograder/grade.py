@@ -163,7 +163,7 @@ def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None =
     if wrong:
         reason = f"this is not a notebook of chapter {chapter.slug}: {wrong[0]['detail']}"
         outcome = results.unreadable(chapter, reason, submission, kind="wrong-chapter")
-        outcome["extra_data"]["flags"] = rebuilt.flags
+        outcome["extra_data"]["flags"] = results.cap_flags(rebuilt.flags)
         return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
     execution = execute_sync(chapter, rebuilt.notebook, limits, jobs=jobs, seed=seed,
                              scratch=Path(scratch) if scratch else None)
