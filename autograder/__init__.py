@@ -8,9 +8,10 @@ shape and ``feedback.html`` that never shows hidden test code; scores go into an
 gradebook. ``python -m autograder check`` is the learner's own report. See
 ``docs/grading.md`` for running a course and for the threat model.
 
-Modules: ``marks`` (the cell marks, shared with the build chain), ``chapters`` and
-``analysis`` (the master, read), ``reconstruct``, ``sandbox`` and ``_launch`` (isolation and
-limits), ``kernel`` (the learner's kernel), ``judge``, ``server`` and ``wire`` (checks
-outside the learner's process), ``execute``, ``results``, ``feedback``, ``gradebook``,
-``grade`` (batches), ``check``.
+Modules: ``marks`` (the cell marks, shared with the build chain), ``collect`` (which files
+of a batch are submissions, and whose), ``chapters`` and ``analysis`` (the master, read; a
+learner's source, analyzed in a bounded child), ``reconstruct``, ``sandbox`` and ``_launch``
+(isolation and limits), ``kernel`` (the learner's kernel), ``judge``, ``server`` and ``wire``
+(checks outside the learner's process), ``execute``, ``results``, ``feedback``,
+``gradebook``, ``grade`` (batches), ``check``.
 """

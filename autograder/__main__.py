@@ -1,12 +1,16 @@
 """Command line of the grader.
 
 ``python -m autograder grade PATH... --out DIR [--jobs N] [--chapter NN] [--force]``
-    Grade notebooks (files, or folders searched recursively). Each submission gets
-    ``DIR/<name>/results.json`` (Gradescope's shape) and ``DIR/<name>/feedback.html``; the
-    scores go into the nbgrader gradebook of ``DIR/nbgrader`` (or ``--course``), and
-    ``DIR/summary.csv`` lists the batch. A re-run skips what is already graded unless
-    ``--force``. Exits 0 once grading completed, whatever the scores; 1 when the grader
-    itself failed on a submission (it is graded again on the next run).
+    Grade notebooks: a file is one submission; a folder holds nbgrader's
+    ``<student>/<NN_slug>/<NN_slug>.ipynb`` (or is a course directory holding
+    ``submitted/``) or flat ``<student>__<NN_slug>.ipynb`` files. Any other notebook in a
+    folder, link or special file is flagged, never graded, and so is a duplicate. Each
+    submission gets ``DIR/submissions/<student>__<chapter>/results.json`` (Gradescope's
+    shape) and ``feedback.html``; the scores go into the nbgrader gradebook of
+    ``DIR/nbgrader`` (or ``--course``), and ``DIR/summary.csv`` lists the batch, flagged
+    files included. A re-run skips what is already graded unless ``--force``. Exits 0 once
+    grading completed, whatever the scores; 1 when the grader itself failed on a submission
+    (it is graded again on the next run).
 
 ``python -m autograder check NOTEBOOK|CHAPTER``
     The learner's own report on a notebook (or on ``work/NN_slug/NN_slug.ipynb`` for a
@@ -20,20 +24,11 @@ import warnings
 from pathlib import Path
 
 
-def notebooks_in(paths: list[str]) -> list:
-    """The notebook files named, and those found (recursively) in folders, as (path, folder)."""
-    found = []
+def check_paths(paths: list[str]) -> None:
+    """Refuse a PATH that is neither a notebook nor a folder."""
     for name in paths:
-        path = Path(name)
-        if path.is_dir():
-            found.extend((p, path) for p in sorted(path.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts)
-        elif path.is_file():
-            found.append(path)
-        else:
+        if not (Path(name).is_dir() or Path(name).is_file()):
             raise SystemExit(f"error: argument PATH: {name} is neither a notebook nor a folder")
-    if not found:
-        raise SystemExit("error: argument PATH: no notebooks to grade in " + " ".join(paths))
-    return found
 
 
 def _positive(convert, noun: str):
@@ -89,23 +84,28 @@ def main(argv=None) -> int:
 
     from .grade import grade_files
 
-    files = notebooks_in(args.paths)
+    check_paths(args.paths)
     limits = Limits(cell_timeout=args.cell_timeout, call_timeout=args.cell_timeout,
                     notebook_timeout=args.notebook_timeout, memory=int(args.memory_gib * 2**30))
     try:
-        outcomes = grade_files(files, args.out, args.chapter, jobs=args.jobs, force=args.force, limits=limits,
-                               course=False if args.no_gradebook else args.course, master=args.master,
-                               progress=not args.quiet, seed=args.seed)
+        batch = grade_files(args.paths, args.out, args.chapter, jobs=args.jobs, force=args.force, limits=limits,
+                            course=False if args.no_gradebook else args.course, master=args.master,
+                            progress=not args.quiet, seed=args.seed)
     except ValueError as error:
         raise SystemExit(f"error: {error}")
+    if not batch.rows and not batch.flagged:
+        raise SystemExit("error: argument PATH: no notebooks to grade in " + " ".join(args.paths))
     failed = 0
-    for item, outcome in zip(files, outcomes):
-        path = item[0] if isinstance(item, tuple) else item
+    for job, outcome in batch.rows:
         note = ""
         if outcome["extra_data"].get("grader_error"):
             failed += 1
             note = "  (grader error: graded again on the next run)"
-        print(f"{path}: {outcome['score']:g} / {outcome['max_score']:g}{note}")
+        elif job.problem:
+            note = f"  ({job.problem})"
+        print(f"{job.path or job.name}: {outcome['score']:g} / {outcome['max_score']:g}{note}")
+    for entry in batch.flagged:
+        print(f"{entry.path}: not graded ({entry.kind}): {entry.reason}")
     print(f"summary: {args.out / 'summary.csv'}")
     return 1 if failed else 0
 

@@ -20,7 +20,8 @@ from .reconstruct import SubmissionError, reconstruct
 from .sandbox import Limits
 
 SHOWN_FLAGS = ("missing-answer", "extra-cells-ignored", "reference-use", "reference-nearby", "cell-timeout",
-               "kernel-died", "kernel-stuck", "notebook-timeout", "output-truncated", "call-timeout", "answer-too-large")
+               "kernel-died", "kernel-stuck", "notebook-timeout", "output-truncated", "call-timeout",
+               "answer-too-large", "not-analyzable", "too-many-cells")
 
 
 def resolve_target(target: str) -> Path:
@@ -58,8 +59,9 @@ def report(target: str, limits: Limits | None = None, stream=None) -> dict:
         print(f"✗ this is not a notebook of chapter {slug}: {wrong[0]['detail']}", file=stream)
         return {"ok": False, "checks": {}}
     names = set()
+    unanalyzable = {f.get("cell") for f in rebuilt.flags if f["kind"] == "not-analyzable"}
     for grade_id, source in rebuilt.answers.items():
-        if source and chapter.by_id[grade_id].kind == "answer":
+        if source and chapter.by_id[grade_id].kind == "answer" and grade_id not in unanalyzable:
             fact = analysis.facts(source)
             names |= fact.binds - fact.imports - {analysis.STAR}
     execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names))

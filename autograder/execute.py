@@ -45,6 +45,14 @@ class Execution:
     judge_error: str = ""
 
 
+def judge_memory(limits: Limits) -> int:
+    """Address space the judge may map beyond what it has when it starts: room for the
+    checks and for the data of the learner's replies, never unbounded."""
+    from .judge import MAX_REPLY
+
+    return max(limits.memory, 2**31) + 2 * MAX_REPLY
+
+
 def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> list[dict]:
     """The cells the judge runs, with their sources from the master.
 
@@ -132,12 +140,12 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
         "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
         "names": learner_names, "uid": sandbox.uid,
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
-        "call_timeout": limits.call_timeout, "seed": seed,
+        "call_timeout": limits.call_timeout, "seed": seed, "memory": judge_memory(limits),
         "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
     }
     (private / "plan.json").write_text(json.dumps(plan))
     env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
-    env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+    env.update({"COURSE_QUICK": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "MALLOC_ARENA_MAX": "2",
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, jobs)))})
     judge_env = {**env, "IPYTHONDIR": str(private / "ipython")}
     loop = asyncio.get_running_loop()

@@ -13,7 +13,9 @@ import base64
 import binascii
 import copy
 import html
+import io
 import re
+import warnings
 
 import nbformat
 
@@ -22,7 +24,8 @@ from . import marks
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HIDDEN = re.compile(rf"{re.escape(marks.HIDDEN_BEGIN)}.*?({re.escape(marks.HIDDEN_END)}\n?|\Z)", re.S)
 MAX_TEXT = 20_000
-MAX_IMAGE = 2 * 2**20
+MAX_IMAGE = 2 * 2**20          # base64 characters of one submitted image
+MAX_PIXELS = 4096 * 4096       # an image larger than this is dropped, never decoded
 
 
 def _text(value) -> str:
@@ -31,15 +34,32 @@ def _text(value) -> str:
     return ANSI.sub("", str(value))[:MAX_TEXT]
 
 
-def _png(value) -> str | None:
-    data = _text(value).strip() if not isinstance(value, str) else value.strip()
+def reencoded_image(value) -> str | None:
+    """A submitted ``image/png`` or ``image/jpeg`` output (base64) decoded, parsed and
+    encoded again as a fresh PNG (base64); None when it is not a valid, reasonably sized
+    PNG or JPEG. Nothing of the submitted bytes but the pixels survives."""
+    from PIL import Image
+
+    data = ("".join(str(v) for v in value) if isinstance(value, list) else str(value)).strip()
     if len(data) > MAX_IMAGE:
         return None
     try:
-        raw = base64.b64decode(data, validate=False)
+        raw = base64.b64decode(data.replace("\n", ""), validate=True)
     except (binascii.Error, ValueError):
         return None
-    return data if raw.startswith(b"\x89PNG\r\n\x1a\n") else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw), formats=["PNG", "JPEG"]) as image:
+                if image.width * image.height > MAX_PIXELS:
+                    return None
+                image.load()
+                pixels = image.convert("RGBA" if "A" in image.getbands() or "transparency" in image.info else "RGB")
+        encoded = io.BytesIO()
+        pixels.save(encoded, format="PNG")
+    except Exception:  # noqa: BLE001 - whatever the decoder makes of it, it is not an image we show
+        return None
+    return base64.b64encode(encoded.getvalue()).decode("ascii")
 
 
 def sanitize_outputs(outputs) -> list:
@@ -55,8 +75,9 @@ def sanitize_outputs(outputs) -> list:
         elif kind in ("display_data", "execute_result"):
             data = output.get("data", {})
             keep = {}
-            if "image/png" in data and _png(data["image/png"]):
-                keep["image/png"] = _png(data["image/png"])
+            image = next((reencoded_image(data[kind]) for kind in ("image/png", "image/jpeg") if kind in data), None)
+            if image is not None:
+                keep["image/png"] = image
             elif "text/plain" in data:
                 keep["text/plain"] = _text(data["text/plain"])
             if keep:
@@ -75,11 +96,15 @@ def _verdict_outputs(test: dict, verdict: dict | None, visible: bool) -> list:
     return outputs
 
 
-def as_plain_text(text: str, heading: str) -> str:
-    """Markdown that shows ``text`` verbatim (a code fence longer than any backtick run in it)."""
+def as_plain_text(text: str, heading: str = "", limit: int = MAX_TEXT) -> str:
+    """Markdown that shows ``text`` verbatim, never as HTML: a fenced code block whose fence
+    is longer than any run of backticks in ``text``, so nothing in it can close the block.
+    ``heading`` (trusted markdown) goes above it; past ``limit`` characters ``text`` is cut."""
+    text = ANSI.sub("", str(text))[:limit].replace("\x00", "\ufffd")
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return f"{heading}\n\n{fence}text\n{_text(text)}\n{fence}"
+    block = f"{fence}text\n{text}\n{fence}"
+    return f"{heading}\n\n{block}" if heading else block
 
 
 def display_notebook(chapter, notebook, results: dict, verdicts: dict | None) -> nbformat.NotebookNode:

@@ -162,8 +162,13 @@ def _collected_time(folder: Path):
 
 def instructor_notebook(chapter, rebuilt, execution, results: dict) -> nbformat.NotebookNode:
     """The graded notebook formgrader shows: the master's cells (hidden tests included),
-    the learner's answers, the outputs of the learner's kernel and the judge's verdicts."""
-    from .feedback import sanitize_outputs
+    the learner's answers, the outputs of the learner's kernel and the judge's verdicts.
+
+    formgrader renders markdown cells as HTML on the instructor's own origin, so a written
+    answer is stored as plain text (a fenced block nothing in it can close), never as the
+    learner's markdown; outputs keep text and re-encoded images only."""
+    from .feedback import as_plain_text, sanitize_outputs
+    from .reconstruct import MAX_ANSWER_CHARS
 
     notebook = nbformat.v4.new_notebook(metadata=nbformat.from_dict(dict(chapter.master.metadata)))
     tests = {t["name"]: t for t in results["tests"]}
@@ -172,6 +177,8 @@ def instructor_notebook(chapter, rebuilt, execution, results: dict) -> nbformat.
         source = master.source
         if master.kind in ("answer", "written"):
             source = rebuilt.answers.get(master.grade_id) or master.learner_source
+        if master.kind == "written" and rebuilt.answers.get(master.grade_id):
+            source = as_plain_text(source, limit=MAX_ANSWER_CHARS)
         if master.cell_type == "markdown":
             new = nbformat.v4.new_markdown_cell(source)
         else:

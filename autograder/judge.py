@@ -29,6 +29,9 @@ from . import wire
 
 MAX_TEXT = 8000
 MAX_REPLY = 256 * 2**20
+# The judge's sockets to the learner's kernel carry only small replies (the data of a call
+# goes through files): a larger message makes zmq drop the connection instead of holding it.
+MAX_MESSAGE = 4 * 2**20
 
 
 class StudentError(Exception):
@@ -61,6 +64,49 @@ class Unavailable(StudentError):
     """The learner's process cannot answer (it died, hung, or was never started)."""
 
 
+def kernel_client(info: dict):
+    """A blocking client of the learner's kernel (``info``: its connection), whose sockets
+    drop a peer that sends a message over :data:`MAX_MESSAGE` instead of holding it."""
+    import zmq
+    from jupyter_client import BlockingKernelClient
+
+    context = zmq.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+    context.setsockopt(zmq.LINGER, 0)
+    kc = BlockingKernelClient(context=context)
+    kc.load_connection_info(info)
+    return kc
+
+
+def shell_reply(kc, msg_id: str, timeout: float) -> dict | None:
+    """The reply to ``msg_id`` on ``kc``'s shell socket, if it comes within ``timeout`` s.
+
+    The learner's kernel may send anything there: a message whose parent header does not
+    name ``msg_id`` is dropped unread (only that header's bytes are looked at), so a flood of
+    other messages costs the judge no decoding.
+    """
+    socket, session = kc.shell_channel.socket, kc.session
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not socket.poll(max(1, int(left * 1000))):
+            return None
+        try:
+            _, parts = session.feed_identities(socket.recv_multipart())
+        except ValueError:
+            continue
+        # signature, header, parent header, metadata, content, buffers...
+        if len(parts) < 5 or msg_id.encode() not in parts[2]:
+            continue
+        try:
+            reply = session.deserialize(parts)
+        except Exception:  # noqa: BLE001 - a malformed message is no answer
+            continue
+        parent = reply.get("parent_header")
+        if isinstance(parent, dict) and parent.get("msg_id") == msg_id:
+            return reply
+
+
 class Remote:
     """The connection to the learner's kernel."""
 
@@ -80,8 +126,6 @@ class Remote:
                 self.down = f"the grader could not reach your notebook's process ({type(error).__name__}: {error})"
 
     def _connect(self) -> None:
-        from jupyter_client import BlockingKernelClient
-
         self.rep_fd = os.open(self.rep, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self.req_fd = os.open(self.req, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         info = dict(self.status["connection"])
@@ -93,8 +137,7 @@ class Remote:
             if not stat.S_ISSOCK(found.st_mode) or (self.plan.get("uid") is not None
                                                        and found.st_uid != self.plan["uid"]):
                 raise RuntimeError(f"{where} is not the kernel's socket")
-        kc = BlockingKernelClient()
-        kc.load_connection_info(info)
+        kc = kernel_client(info)
         kc.start_channels(shell=True, iopub=False, stdin=False, hb=True, control=True)
         self.kc = kc
         from .server import boot_code
@@ -113,15 +156,12 @@ class Remote:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            try:
-                reply = self.kc.get_shell_msg(timeout=min(0.5, left))
-            except Exception:  # queue.Empty
-                if not self.kc.is_alive():
-                    self.down = "your notebook's process died (os._exit, a crash, or the memory limit)"
-                    return None
-                continue
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            reply = shell_reply(self.kc, msg_id, min(0.5, left))
+            if reply is not None:
                 return reply
+            if not self.kc.is_alive():
+                self.down = "your notebook's process died (os._exit, a crash, or the memory limit)"
+                return None
 
     def _interrupt(self) -> bool:
         """Interrupt a call that ran too long; True when the kernel answers again."""
@@ -436,11 +476,23 @@ def run(plan: dict, status: dict, shell, verdicts: list[dict]) -> dict:
             "down": remote.down}
 
 
+def limit_memory(extra: int) -> None:
+    """Cap this process's address space at what it maps now plus ``extra`` bytes: what the
+    learner's kernel sends, or makes the checks hold, cannot grow the judge past it."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
+
+
 def serve(plan_path: str, channel_path: str) -> int:
     """One judge: talk over the Unix socket at ``channel_path`` (``ready``, then ``go {...}``)."""
     import socket
 
     plan = json.loads(Path(plan_path).read_text())
+    if plan.get("memory"):
+        limit_memory(int(plan["memory"]))
     os.chdir(plan["workdir"])
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     channel.connect(channel_path)

@@ -7,8 +7,9 @@
   interrupted; a kernel that ignores the interrupt is killed and the rest of the notebook
   is not run. A kernel that dies (``os._exit``, a crash) ends the run at once.
 - Output is counted while it streams in: past ``Limits.output`` bytes it is dropped (a note
-  says so); messages larger than a few times that are refused by the socket itself; a flood
-  of output interrupts the cell.
+  says so); a message larger than :data:`MAX_MESSAGE` is refused by the socket itself (the
+  manager's and the client's sockets come from one context with ``MAXMSGSIZE`` set: zmq
+  drops the connection rather than hold it); a flood of output interrupts the cell.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from .sandbox import Limits, Sandbox, die_with_parent
 
+# One message from the learner's kernel is refused past this (or a few times the output
+# limit): zmq drops the connection, and the rest of that notebook's output is lost.
+MAX_MESSAGE = 48 * 2**20
+
 
 class SandboxKernelManager(AsyncKernelManager):
     """Starts the kernel through the sandbox's launcher."""
@@ -36,6 +41,11 @@ class SandboxKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments=None):
         command = super().format_kernel_cmd(extra_arguments)
         return self.sandbox.command(command, connection_file=self.connection_file)
+
+    def client(self, **kwargs):
+        # The client's sockets are made by this manager's context, which refuses large messages.
+        kwargs.setdefault("context", self.context)
+        return super().client(**kwargs)
 
     @property
     def kernel_spec(self):
@@ -93,7 +103,7 @@ class StudentKernel:
     def __init__(self, sandbox: Sandbox, limits: Limits, notebook):
         self.sandbox, self.limits, self.notebook = sandbox, limits, notebook
         context = zmq.asyncio.Context()
-        context.setsockopt(zmq.MAXMSGSIZE, 4 * limits.output + 2**20)
+        context.setsockopt(zmq.MAXMSGSIZE, max(4 * limits.output + 2**20, MAX_MESSAGE))
         context.setsockopt(zmq.LINGER, 0)
         self.km = SandboxKernelManager(context=context, transport="ipc", kernel_name="python3")
         self.km.sandbox = sandbox

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from . import analysis
 from .chapters import Chapter
 
 MAX_NOTEBOOK_BYTES = 32 * 2**20
 MAX_ANSWER_CHARS = 200_000
+MAX_CELLS = 2000  # 20 times the longest chapter: cells past these are not read
 
 
 class SubmissionError(ValueError):
@@ -40,11 +44,32 @@ def _text(value) -> str | None:
     return None
 
 
-def read_cells(data: bytes, name: str) -> list[dict]:
-    """The cells of a submitted notebook, read leniently but safely.
+def read_submission(path: Path) -> bytes:
+    """The bytes of a submitted file, which must be a regular file (never a link followed,
+    a pipe that blocks, or more than :data:`MAX_NOTEBOOK_BYTES` read)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        why = "it is a symbolic link" if path.is_symlink() else error.strerror
+        raise SubmissionError(f"{path.name} cannot be read: {why}") from None
+    with os.fdopen(fd, "rb") as stream:
+        info = os.fstat(stream.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise SubmissionError(f"{path.name} is not a regular file, so it was not read")
+        data = stream.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise SubmissionError(f"{path.name} is more than {MAX_NOTEBOOK_BYTES // 2**20} MiB; a notebook may be at "
+                              "most that (clear large outputs and submit again)")
+    return data
 
-    Only what grading needs is read: each cell's type, source and ``grade_id``. Anything
-    else in the file is ignored. Raises :class:`SubmissionError` with a reason.
+
+def read_cells(data: bytes, name: str) -> tuple[list[dict], int]:
+    """The cells of a submitted notebook, read leniently but safely, and how many it has.
+
+    Only what grading needs is read: each cell's type, source and ``grade_id``, of the first
+    :data:`MAX_CELLS` cells. Anything else in the file is ignored. Raises
+    :class:`SubmissionError` with a reason.
     """
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{name} is {len(data) / 2**20:.0f} MiB; a notebook may be at most "
@@ -63,7 +88,7 @@ def read_cells(data: bytes, name: str) -> list[dict]:
         raise SubmissionError(f"{name} is not a readable notebook: it has no list of cells "
                               "(is it a Jupyter notebook in format 4?)")
     cells = []
-    for position, cell in enumerate(notebook["cells"]):
+    for position, cell in enumerate(notebook["cells"][:MAX_CELLS]):
         if not isinstance(cell, dict):
             continue
         source = _text(cell.get("source", ""))
@@ -77,7 +102,7 @@ def read_cells(data: bytes, name: str) -> list[dict]:
             "grade_id": grade_id,
             "points": nbgrader.get("points"),
         })
-    return cells
+    return cells, len(notebook["cells"])
 
 
 @dataclass
@@ -101,8 +126,11 @@ def _normal(text: str) -> str:
 
 def reconstruct(chapter: Chapter, data: bytes, name: str = "the notebook") -> Reconstruction:
     """Rebuild ``chapter``'s notebook with the answers found in ``data`` (a submission)."""
-    cells = read_cells(data, name)
+    cells, total = read_cells(data, name)
     flags: list[dict] = []
+    if total > len(cells):
+        flags.append(flag("too-many-cells", f"the notebook has {total:,} cells; only the first {len(cells):,} are "
+                          "read"))
     by_id: dict[str, list[dict]] = {}
     for cell in cells:
         if cell["grade_id"]:
@@ -178,16 +206,7 @@ def reconstruct(chapter: Chapter, data: bytes, name: str = "the notebook") -> Re
                           + (f"; its cells carry grade_ids of another notebook ({', '.join(elsewhere[:4])})"
                              if elsewhere else "")))
 
-    for cell in chapter.answers:
-        source = answers.get(cell.grade_id)
-        if source and status[cell.grade_id] == "answered":
-            for own, detail in chapter.reference_uses(cell.grade_id, source):
-                flags.append(flag("reference-use" if own else "reference-nearby",
-                                  f"answer cell {cell.grade_id!r} {detail}", cell.grade_id))
-                if own and cell.grade_id not in reasons:
-                    reasons[cell.grade_id] = (
-                        f"answer cell {cell.grade_id!r} {detail}: it uses the course's reference "
-                        "implementation instead of your own code, so its checks score nothing")
+    _check_reference_use(chapter, answers, status, flags, reasons)
 
     notebook = copy.deepcopy(chapter.learner)
     for cell, master_cell in zip(notebook.cells, chapter.cells):
@@ -198,9 +217,24 @@ def reconstruct(chapter: Chapter, data: bytes, name: str = "the notebook") -> Re
     return Reconstruction(chapter, notebook, answers, status, flags, reasons)
 
 
-def reconstruct_file(chapter: Chapter, path: Path) -> Reconstruction:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise SubmissionError(f"{Path(path).name} cannot be read: {error.strerror}") from None
-    return reconstruct(chapter, data, Path(path).name)
+def _check_reference_use(chapter: Chapter, answers: dict, status: dict, flags: list, reasons: dict) -> None:
+    """Flag answers that reach the chapter's reference; withhold an exercise whose answer is
+    the reference, or whose source cannot be analyzed within the analysis's bounds (then
+    nothing shows that it is the learner's own)."""
+    todo = {cell.grade_id: answers[cell.grade_id] for cell in chapter.answers
+            if answers.get(cell.grade_id) and status[cell.grade_id] == "answered"}
+    chapter.reference_uses(chapter.answers[0].grade_id, "")  # the master's side, analyzed once, before forking
+    found = analysis.bounded({gid: (lambda gid=gid, source=source: chapter.reference_uses(gid, source))
+                              for gid, source in todo.items()})
+    for gid in todo:
+        ok, value = found[gid]
+        if not ok:
+            reasons[gid] = (f"answer cell {gid!r} could not be analyzed ({value}): nothing shows that it is your own "
+                            "code rather than the course's reference, so its checks score nothing; simplify the cell")
+            flags.append(flag("not-analyzable", reasons[gid], gid))
+            continue
+        for own, detail in value:
+            flags.append(flag("reference-use" if own else "reference-nearby", f"answer cell {gid!r} {detail}", gid))
+            if own and gid not in reasons:
+                reasons[gid] = (f"answer cell {gid!r} {detail}: it uses the course's reference implementation "
+                                "instead of your own code, so its checks score nothing")

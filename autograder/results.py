@@ -12,6 +12,8 @@ The shape (``results.json``)::
 
 Every check's ``output`` is the exception's type and message, never a traceback (a
 traceback would quote the check's code, and hidden checks stay hidden).
+Flags are kept to :data:`MAX_FLAGS_PER_KIND` of each kind, then one flag says how many
+more there were, so no submission can make its results large.
 """
 from __future__ import annotations
 
@@ -21,7 +23,22 @@ import tempfile
 from pathlib import Path
 
 MAX_MESSAGE = 2000
+MAX_FLAGS_PER_KIND = 20
 FORMAT = 1
+
+
+def cap_flags(flags: list[dict], per_kind: int = MAX_FLAGS_PER_KIND) -> list[dict]:
+    """At most ``per_kind`` flags of each kind, then one that says how many more there were."""
+    kept, counts = [], {}
+    for entry in flags:
+        kind = entry.get("kind")
+        counts[kind] = counts.get(kind, 0) + 1
+        if counts[kind] <= per_kind:
+            kept.append(entry)
+    for kind, count in counts.items():
+        if count > per_kind:
+            kept.append({"kind": kind, "detail": f"and {count - per_kind:,} more {kind} flags like the ones above"})
+    return kept
 
 
 def failure_message(cell) -> str:
@@ -111,7 +128,7 @@ def assemble(chapter, tests, manual, flags, execution=None, submission=None, *, 
         "format": FORMAT,
         "chapter": chapter.slug,
         "manual_grading": manual,
-        "flags": flags,
+        "flags": cap_flags(flags),
         "submission": submission or {},
     }
     if execution is not None:

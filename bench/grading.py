@@ -34,14 +34,12 @@ def overhead(slug: str, workdir: Path) -> list[dict]:
     from tests import grading_fixture as fx
 
     chapter = Chapter.load(slug)
-    files = []
     for name in ("first", "second"):
-        files.append((fx.write(fx.submission(chapter, solved=True), workdir / "subs" / name / f"{slug}.ipynb"),
-                      workdir / "subs"))
+        fx.write(fx.submission(chapter, solved=True), workdir / "subs" / f"{name}__{slug}.ipynb")
     course = CourseGradebook(workdir / "out" / "nbgrader")
     course.ensure_assignment(chapter)
     runs = []
-    for job in plan(files):
+    for job in plan([workdir / "subs"]).jobs:
         start = time.perf_counter()
         graded = grade_submission(job, Limits(), jobs=1)
         graded_at = time.perf_counter()
@@ -69,10 +67,10 @@ def throughput(batch: int, jobs: int, workdir: Path) -> float:
 
     master = fx.write_master(workdir / "master")
     chapter = Chapter.from_master(master, fx.SLUG)
-    files = [(fx.write(fx.submission(chapter, solved=i % 2 == 0), workdir / "subs" / f"s{i:02d}" / f"{fx.SLUG}.ipynb"),
-              workdir / "subs") for i in range(batch)]
+    for i in range(batch):
+        fx.write(fx.submission(chapter, solved=i % 2 == 0), workdir / "subs" / f"s{i:02d}__{fx.SLUG}.ipynb")
     start = time.perf_counter()
-    outcomes = grade_files(files, workdir / "out", master=master, jobs=jobs, limits=Limits())
+    outcomes = grade_files([workdir / "subs"], workdir / "out", master=master, jobs=jobs, limits=Limits()).outcomes
     elapsed = time.perf_counter() - start
     assert sorted({o["score"] for o in outcomes}) == [0, 6], [o["output"] for o in outcomes]
     return elapsed

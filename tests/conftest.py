@@ -2,6 +2,7 @@
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,12 @@ def graded(slug: str, root: Path) -> dict:
     with open(root / f"{slug}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():
-            files = [paths.solution_notebook(slug), paths.release_notebook(slug)]
-            solution, untouched = grade_files(files, out)
-            marker.write_text(json.dumps({"solution": solution, "untouched": untouched}))
+            # A flat folder of <student>__<chapter>.ipynb, one of the layouts the grader reads.
+            folder = root / f"{slug}-submitted"
+            folder.mkdir(exist_ok=True)
+            for student, source in (("solution", paths.solution_notebook(slug)),
+                                    ("untouched", paths.release_notebook(slug))):
+                shutil.copyfile(source, folder / f"{student}__{slug}.ipynb")
+            batch = grade_files([folder], out)
+            marker.write_text(json.dumps({"solution": batch.of("solution"), "untouched": batch.of("untouched")}))
     return json.loads(marker.read_text()) | {"out": str(out)}

@@ -149,9 +149,9 @@ def test_formgrader_lists_renders_and_keeps_manual_grades(tmp_path, fixture_chap
     bob = fx.write(fx.submission(chapter, {WRITTEN: BOB_WRITES, "count_weights": COUNT_WEIGHTS}),
                    subs / "submitted" / "bob" / fx.SLUG / f"{fx.SLUG}.ipynb")
     out = tmp_path / "out"
-    graded = grade_files([(alice, subs), (bob, subs)], out, master=master)
-    assert [r["score"] for r in graded] == [6.0, 3.0]
-    auto = {student: {t["name"]: t["score"] for t in r["tests"]} for student, r in zip(("alice", "bob"), graded)}
+    batch = grade_files([subs], out, master=master)
+    assert [(job.student, r["score"]) for job, r in batch.rows] == [("alice", 6.0), ("bob", 3.0)]
+    auto = {job.student: {t["name"]: t["score"] for t in r["tests"]} for job, r in batch.rows}
     course = out / "nbgrader"
 
     with Formgrader(course, tmp_path) as fg:
@@ -212,8 +212,10 @@ def test_formgrader_lists_renders_and_keeps_manual_grades(tmp_path, fixture_chap
         assert fg.get(f"/formgrader/api/submission/{fx.SLUG}/alice")["score"] == 6.5
         assert (course / "autograded" / "alice" / fx.SLUG / f"{fx.SLUG}.ipynb").exists()
 
-        # 4. The autograder grades bob again (--force): the instructor's grades stay.
-        [again] = grade_files([(bob, subs)], out, master=master, force=True)
+        # 4. The autograder grades bob again (--force), from a single file named for him:
+        # the instructor's grades stay.
+        alone = fx.write(json.loads(bob.read_text()), tmp_path / "again" / f"bob__{fx.SLUG}.ipynb")
+        [again] = grade_files([alone], out, master=master, force=True).outcomes
         assert again["score"] == 3.0
         fresh = fg.get(f"/formgrader/api/grades?submission_id={notebooks['bob']['id']}")
         assert {g["name"]: (g["auto_score"], g["manual_score"]) for g in fresh} == {

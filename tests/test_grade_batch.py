@@ -1,4 +1,5 @@
-"""Batch mode: names that never collide, resume after a kill, --force, gradebook and export."""
+"""Batch mode: the accepted layouts, names that never collide, resume after a kill, --force,
+gradebook and export."""
 import csv
 import json
 import os
@@ -30,27 +31,82 @@ def run_cli(*args, cwd=None, env=None, **kwargs):
                           cwd=cwd or ROOT, env=env, timeout=600, **kwargs)
 
 
-def test_same_named_files_from_different_folders_never_collide(tmp_path, fixture_chapter):
+def test_the_three_layouts_name_the_student_and_nothing_else_does(tmp_path, fixture_chapter):
     master, chapter = fixture_chapter
-    a = fx.write(fx.submission(chapter), tmp_path / "a" / f"{fx.SLUG}.ipynb")
-    b = fx.write(fx.submission(chapter), tmp_path / "b" / f"{fx.SLUG}.ipynb")
-    as_files = plan([a, b], master=master)
-    assert len({job.name for job in as_files}) == 2
-    assert {job.chapter for job in as_files} == {ChapterRef(fx.SLUG, Path(master).resolve())}
-    assert plan([a, b], master=master) == as_files, "names are stable from run to run"
-    in_folder = plan([(a, tmp_path), (b, tmp_path)], master=master)
-    assert [job.name for job in in_folder] == [f"a__{fx.SLUG}", f"b__{fx.SLUG}"]
-    nbgrader_layout = tmp_path / "submitted" / "alice" / fx.SLUG / f"{fx.SLUG}.ipynb"
-    fx.write(fx.submission(chapter), nbgrader_layout)
-    assert plan([(nbgrader_layout, tmp_path / "submitted")], master=master)[0].student == "alice"
+    slug = fx.SLUG
+    course = tmp_path / "course"
+    alice = fx.write(fx.submission(chapter), course / "submitted" / "alice" / slug / f"{slug}.ipynb")
+    fx.write(fx.submission(chapter), course / "source" / slug / f"{slug}.ipynb")   # a course directory's own
+    flat = fx.write(fx.submission(chapter), tmp_path / "flat" / f"bob__{slug}.ipynb")
+    single = fx.write(fx.submission(chapter), tmp_path / "anything.ipynb")
+    planned = plan([course, tmp_path / "flat", single], master=master)
+    assert [(j.student, j.layout, j.path, j.name) for j in planned.jobs] == [
+        ("alice", "nbgrader", str(alice), f"alice__{slug}"), ("bob", "flat", str(flat), f"bob__{slug}"),
+        ("anything", "single", str(single), f"anything__{slug}")]
+    assert planned.flagged == [], "a course directory is read through its submitted/ folder"
+    assert plan([course / "submitted"], master=master).jobs == planned.jobs[:1]
+    assert plan([course, tmp_path / "flat", single], master=master) == planned, "plans are stable"
+
+
+def test_same_named_files_are_one_student_twice_and_neither_is_graded(tmp_path, fixture_chapter):
+    master, chapter = fixture_chapter
+    a = fx.write(fx.submission(chapter), tmp_path / "a" / f"carol__{fx.SLUG}.ipynb")
+    b = fx.write(fx.submission(chapter), tmp_path / "b" / f"carol__{fx.SLUG}.ipynb")
+    planned = plan([a, b, a], master=master)
+    [job] = planned.jobs
+    assert (job.student, job.path, job.layout) == ("carol", "", "duplicate")
+    assert str(a) in job.problem and str(b) in job.problem
+    assert sorted(f.path for f in planned.flagged) == sorted([str(a), str(b)])
+    assert {f.kind for f in planned.flagged} == {"duplicate-submission"}
+
+
+def test_only_the_layouts_are_graded_and_the_rest_is_flagged(tmp_path, fixture_chapter):
+    master, chapter = fixture_chapter
+    slug, folder = fx.SLUG, tmp_path / "submitted"
+    good = fx.write(fx.submission(chapter), folder / "alice" / slug / f"{slug}.ipynb")
+    strays = [fx.write(fx.submission(chapter), folder / "alice" / slug / name)
+              for name in ("Untitled.ipynb", f"bob__{slug}.ipynb")]
+    strays += [fx.write(fx.submission(chapter), folder / "alice" / f"{slug}.ipynb"),
+               fx.write(fx.submission(chapter), folder / "alice" / slug / "bob" / slug / f"{slug}.ipynb"),
+               fx.write(fx.submission(chapter), folder / f"{slug}.ipynb"),
+               fx.write(fx.submission(chapter), folder / "x" / "y" / "z" / "w" / f"{slug}.ipynb")]
+    fx.write(fx.submission(chapter), folder / "alice" / slug / ".ipynb_checkpoints" / f"{slug}-checkpoint.ipynb")
+    fx.write(fx.submission(chapter), folder / "bad id" / slug / f"{slug}.ipynb")
+    fx.write(b"not a notebook", folder / "alice" / slug / "summary.csv")
+    planned = plan([folder], master=master)
+    assert [job.path for job in planned.jobs] == [str(good)]
+    kinds = {Path(f.path).relative_to(folder).as_posix(): f.kind for f in planned.flagged}
+    assert kinds == {**{s.relative_to(folder).as_posix(): "stray-notebook" for s in strays},
+                     f"bad id/{slug}/{slug}.ipynb": "bad-student-id"}
+    assert all(f.reason for f in planned.flagged)
+
+
+def test_links_and_special_files_are_never_read(tmp_path, fixture_chapter):
+    master, chapter = fixture_chapter
+    slug, folder = fx.SLUG, tmp_path / "submitted"
+    bob = fx.write(fx.submission(chapter, solved=True), folder / "bob" / slug / f"{slug}.ipynb")
+    (folder / "alice" / slug).mkdir(parents=True)
+    (folder / "alice" / slug / f"{slug}.ipynb").symlink_to(bob)
+    (folder / "carol").mkdir()
+    (folder / "carol" / slug).symlink_to(bob.parent, target_is_directory=True)
+    (folder / "dan" / slug).mkdir(parents=True)
+    os.mkfifo(folder / "dan" / slug / f"{slug}.ipynb")
+    (folder / "bob" / slug / "dangling.ipynb").symlink_to(tmp_path / "nowhere.ipynb")
+    planned = plan([folder], master=master)
+    jobs = {job.student: job for job in planned.jobs}
+    assert set(jobs) == {"alice", "bob", "dan"}
+    assert not jobs["bob"].problem
+    assert "symbolic link" in jobs["alice"].problem and "not a regular file" in jobs["dan"].problem
+    assert {Path(f.path).relative_to(folder).as_posix(): f.kind for f in planned.flagged} == {
+        f"carol/{slug}": "symlink", f"bob/{slug}/dangling.ipynb": "symlink"}
 
 
 def test_the_chapter_comes_from_the_file_name_never_the_metadata(tmp_path):
     data = fx.submission(Chapter.load("00_history"))
     data["metadata"]["chapter"] = "01_tokenization"
     path = fx.write(data, tmp_path / "00_history.ipynb")
-    assert plan([path])[0].chapter == ChapterRef("00_history")
-    assert plan([path], chapter="01")[0].chapter == ChapterRef("01_tokenization")
+    assert plan([path]).jobs[0].chapter == ChapterRef("00_history")
+    assert plan([path], chapter="01").jobs[0].chapter == ChapterRef("01_tokenization")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -64,7 +120,7 @@ def test_bad_arguments_are_refused_with_a_clear_error(tmp_path, args, message):
     run = run_cli("grade", notebook, "--out", tmp_path / "out", *args)
     assert run.returncode != 0
     assert message in run.stderr
-    assert not (tmp_path / "out" / "00_history").exists()
+    assert not (tmp_path / "out" / "submissions").exists()
 
 
 def test_a_missing_path_is_refused(tmp_path):
@@ -91,7 +147,7 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
     master, chapter = fixture_chapter
     subs = tmp_path / "subs"
     for index in range(3):
-        fx.write(fx.submission(chapter, solved=index % 2 == 0), subs / f"student{index}" / f"{fx.SLUG}.ipynb")
+        fx.write(fx.submission(chapter, solved=index % 2 == 0), subs / f"student{index}__{fx.SLUG}.ipynb")
     out = tmp_path / "out"
     command = [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out), "--master", str(master),
                "--jobs", "1", "--quiet"]
@@ -99,23 +155,23 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
     try:
-        while first.poll() is None and not list(out.glob("*/results.json")):
+        while first.poll() is None and not list(out.glob("submissions/*/results.json")):
             time.sleep(0.2)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    graded_before = {p.parent.name: p.stat() for p in out.glob("*/results.json")}
+    graded_before = {p.parent.name: p.stat() for p in out.glob("submissions/*/results.json")}
     assert 1 <= len(graded_before) < 3, "the run was killed part of the way through"
 
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.json")}
+    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("submissions/*/results.json")}
     assert len(results) == 3
     for name, info in graded_before.items():
-        assert (out / name / "results.json").stat().st_mtime_ns == info.st_mtime_ns, f"{name} was graded twice"
+        assert (out / "submissions" / name / "results.json").stat().st_mtime_ns == info.st_mtime_ns, f"{name} was graded twice"
     assert sorted(r["score"] for r in results.values()) == [0, 6, 6]
     rows = _gradebook_rows(out / "nbgrader")
-    assert sorted(rows) == sorted({(f"student{i}__{fx.SLUG}", fx.SLUG) for i in range(3)})
+    assert sorted(rows) == sorted({(f"student{i}", fx.SLUG) for i in range(3)})
     with open(out / "summary.csv") as stream:
         summary = list(csv.DictReader(stream))
     assert len(summary) == 3 and {row["status"] for row in summary} == {"graded"}
@@ -125,7 +181,7 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
     forced = subprocess.run(command + ["--force"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert forced.returncode == 0, forced.stderr
     for name, info in graded_before.items():
-        assert (out / name / "results.json").stat().st_mtime_ns != info.st_mtime_ns, "--force grades again"
+        assert (out / "submissions" / name / "results.json").stat().st_mtime_ns != info.st_mtime_ns, "--force grades again"
     assert sorted(_gradebook_rows(out / "nbgrader")) == sorted(rows), "re-grading updates, never duplicates"
 
     export = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(tmp_path / "grades.csv")],
@@ -134,7 +190,7 @@ def test_a_killed_batch_resumes_without_losing_or_duplicating_a_grade(tmp_path, 
     assert export.returncode == 0, export.stderr
     with open(tmp_path / "grades.csv") as stream:
         exported = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(stream)}
-    assert exported == {f"student{i}__{fx.SLUG}": (6.0 if i % 2 == 0 else 0.0) for i in range(3)}
+    assert exported == {f"student{i}": (6.0 if i % 2 == 0 else 0.0) for i in range(3)}
 
 
 @pytest.mark.grading

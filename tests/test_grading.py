@@ -43,7 +43,7 @@ def test_untouched_chapter_earns_nothing(slug, grading_root):
 @CHAPTER
 def test_results_have_gradescope_shape(slug, grading_root):
     out = Path(graded(slug, grading_root)["out"])
-    pages = sorted(out.glob("*/results.json"))
+    pages = sorted(out.glob("submissions/*/results.json"))
     assert len(pages) == 2
     for page in pages:
         results = json.loads(page.read_text())
@@ -68,7 +68,7 @@ def test_feedback_never_shows_hidden_tests(slug, grading_root):
     # A hidden test may share a line with the learner's own notebook (`return min_lr`).
     public = paths.release_notebook(slug).read_text()
     hidden_lines = {line for line in hidden_lines if line not in public}
-    for page in Path(graded(slug, grading_root)["out"]).glob("*/feedback.html"):
+    for page in Path(graded(slug, grading_root)["out"]).glob("submissions/*/feedback.html"):
         text = page.read_text()
         leaked = [line for line in hidden_lines if line in text]
         assert not leaked, f"{page} shows hidden test code: {leaked[:3]}"
@@ -88,7 +88,7 @@ def test_cli_grades_a_malformed_notebook_as_zero_with_a_reason(tmp_path):
     run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(broken), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    results = json.loads((tmp_path / "out" / "00_history" / "results.json").read_text())
+    results = json.loads((tmp_path / "out" / "submissions" / "00_history__00_history" / "results.json").read_text())
     assert results["score"] == 0
     assert "not a readable notebook" in results["output"]
 

@@ -177,22 +177,22 @@ def _grade_corpus(root: Path) -> dict:
     out, scratch = root / "out", root / "scratch"
     scratch.mkdir()
     gradebook = out / "nbgrader" / "gradebook.db"
-    files = []
+    subs = root / "subs"  # a flat folder: the student is the attack's name
     for name, (answers, edit, _, start) in _attacks(master, gradebook).items():
         data = fx.submission(chapter, answers, solved=start == "solved")
         if edit:
             data = edit(data)
-        files.append((fx.write(data, root / "subs" / name / f"{fx.SLUG}.ipynb"), root / "subs"))
-    files.append((fx.write(b'{"cells": [', root / "subs" / "malformed" / f"{fx.SLUG}.ipynb"), root / "subs"))
+        fx.write(data, subs / f"{name}__{fx.SLUG}.ipynb")
+    fx.write(b'{"cells": [', subs / f"malformed__{fx.SLUG}.ipynb")
     other = Chapter.load("00_history")
-    files.append((fx.write(fx.submission(other, solved=True), root / "subs" / "wrong_chapter" / f"{fx.SLUG}.ipynb"),
-                  root / "subs"))
+    fx.write(fx.submission(other, solved=True), subs / f"wrong_chapter__{fx.SLUG}.ipynb")
     os.environ["MINILLM_GRADER_SECRET"] = SECRET
     try:
-        results = grade_files(files, out, master=master, jobs=2, limits=LIMITS, scratch=scratch)
+        batch = grade_files([subs], out, master=master, jobs=2, limits=LIMITS, scratch=scratch)
     finally:
         os.environ.pop("MINILLM_GRADER_SECRET", None)
-    graded = {Path(path).parent.name: outcome for (path, _), outcome in zip(files, results)}
+    assert not batch.flagged, batch.flagged
+    graded = {job.student: outcome for job, outcome in batch.rows}
     return {"results": graded, "out": str(out), "scratch": str(scratch), "master": str(master),
             "gradebook": str(gradebook)}
 
@@ -210,7 +210,7 @@ def learner_outputs(corpus, name) -> str:
     """Everything the learner's own cells printed, from the instructor's copy of the notebook."""
     import nbformat
 
-    path = corpus["out"] / "nbgrader" / "autograded" / f"{name}__{fx.SLUG}" / fx.SLUG / f"{fx.SLUG}.ipynb"
+    path = corpus["out"] / "nbgrader" / "autograded" / name / fx.SLUG / f"{fx.SLUG}.ipynb"
     notebook = nbformat.read(path, as_version=4)
     chapter = corpus["chapter"]
     texts = []
@@ -240,7 +240,7 @@ def test_no_undeserved_points_and_a_reason_for_each_lost_point(corpus, name):
     assert not outcome["extra_data"].get("grader_error"), outcome["extra_data"].get("grader_error")
     for test in outcome["tests"]:
         assert test["status"] == "passed" or test["output"].strip(), f"{test['name']} lost points without a reason"
-    page = (corpus["out"] / f"{name}__{fx.SLUG}" / "feedback.html").read_text()
+    page = (corpus["out"] / "submissions" / f"{name}__{fx.SLUG}" / "feedback.html").read_text()
     assert fx.HIDDEN_MARKER not in page and "BEGIN HIDDEN TESTS" not in page
     assert fx.HIDDEN_MARKER not in json.dumps(outcome)
 
@@ -292,7 +292,7 @@ def test_huge_output_is_cut_while_streaming(corpus):
     assert "output-truncated" in flags(outcome)
     kept = learner_outputs(corpus, "huge_output")
     assert len(kept) < 4 * LIMITS.output
-    page = corpus["out"] / f"huge_output__{fx.SLUG}" / "feedback.html"
+    page = corpus["out"] / "submissions" / f"huge_output__{fx.SLUG}" / "feedback.html"
     assert page.stat().st_size < 4 * LIMITS.output + 2 * MiB
 
 
@@ -313,7 +313,7 @@ def test_the_gradebook_cannot_be_written_by_the_learner(corpus):
             "submitted_notebook.id JOIN submitted_assignment ON submitted_notebook.assignment_id = "
             "submitted_assignment.id JOIN student ON submitted_assignment.student_id = student.id GROUP BY student.id"))
     for name, outcome in corpus["results"].items():
-        assert scores.get(f"{name}__{fx.SLUG}", 0) == outcome["score"], name
+        assert scores.get(name, 0) == outcome["score"], name
 
 
 def test_tampered_cells_and_grade_ids_are_flagged(corpus):
@@ -325,7 +325,7 @@ def test_tampered_cells_and_grade_ids_are_flagged(corpus):
 
 
 def test_fake_prints_and_markup_do_not_count_or_render(corpus):
-    page = (corpus["out"] / f"fake_pass__{fx.SLUG}" / "feedback.html").read_text()
+    page = (corpus["out"] / "submissions" / f"fake_pass__{fx.SLUG}" / "feedback.html").read_text()
     assert "<script>alert(1)</script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 

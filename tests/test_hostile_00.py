@@ -42,13 +42,12 @@ def _grade(root):
                          "        return True if func.__name__ in ('allclose', 'equal', '__eq__') else out\n"
                          "def self_attention(x):\n    return torch.zeros_like(x).as_subclass(Liar)\n"},
     }
-    files = []
     for name, answers in cases.items():
         data = fx.submission(chapter, answers, solved=name == "reference")
-        files.append((fx.write(data, root / "subs" / name / "00_history.ipynb"), root / "subs"))
+        fx.write(data, root / "subs" / f"{name}__00_history.ipynb")
     limits = Limits(cell_timeout=60, notebook_timeout=240, call_timeout=30)
-    results = grade_files(files, root / "out", jobs=2, limits=limits, course=False)
-    return {name: outcome for name, outcome in zip(cases, results)}
+    batch = grade_files([root / "subs"], root / "out", jobs=2, limits=limits, course=False)
+    return {name: batch.of(name) for name in cases}
 
 
 def scores(outcome):

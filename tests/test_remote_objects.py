@@ -20,10 +20,10 @@ def test_a_class_answer_is_constructed_called_and_loaded_through_proxies(tmp_pat
     nbformat.write(fx.class_master_notebook(), master)
     chapter = Chapter.from_master(master, fx.CLASS_SLUG)
     assert chapter.proxied_names == ["Affine"]
-    solved = fx.write(fx.submission(chapter, solved=True), tmp_path / "subs" / "solved" / f"{fx.CLASS_SLUG}.ipynb")
-    wrong = fx.write(fx.submission(chapter, {"affine": WRONG}), tmp_path / "subs" / "wrong" / f"{fx.CLASS_SLUG}.ipynb")
+    solved = fx.write(fx.submission(chapter, solved=True), tmp_path / "subs" / f"solved__{fx.CLASS_SLUG}.ipynb")
+    wrong = fx.write(fx.submission(chapter, {"affine": WRONG}), tmp_path / "subs" / f"wrong__{fx.CLASS_SLUG}.ipynb")
     good, bad = grade_files([solved, wrong], tmp_path / "out", master=master, course=False,
-                            limits=Limits(cell_timeout=30, call_timeout=30))
+                            limits=Limits(cell_timeout=30, call_timeout=30)).outcomes
     assert good["score"] == 3, good["tests"]
     assert bad["score"] == 0
     assert "8 parameters" in bad["tests"][0]["output"]
