@@ -227,7 +227,7 @@ def already_graded(job: Job, out: Path) -> dict | None:
     return previous
 
 
-def _finish(job: Job, graded: dict, out: Path, course) -> dict:
+def write_graded(job: Job, graded: dict, out: Path, course) -> dict:
     outcome = graded["results"]
     folder = out / SUBMISSIONS / job.name
     results.write_atomic(folder / "feedback.html", graded["feedback"])
@@ -318,11 +318,11 @@ def grade_files(paths, out: Path, chapter: str | None = None, *, jobs: int = 1, 
         cheap = [job for job in todo if job.problem]
         costly = [job for job in todo if not job.problem]
         for job in cheap:
-            done[job.name] = _finish(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
+            done[job.name] = write_graded(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
             bar.update(1)
         if jobs == 1 or len(costly) <= 1:
             for job in costly:
-                done[job.name] = _finish(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
+                done[job.name] = write_graded(job, _grade_job(job, limits, jobs, seed, scratch), out, gradebook)
                 bar.update(1)
         else:
             import multiprocessing
@@ -335,7 +335,7 @@ def grade_files(paths, out: Path, chapter: str | None = None, *, jobs: int = 1, 
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:
                         job = pending.pop(future)
-                        done[job.name] = _finish(job, future.result(), out, gradebook)
+                        done[job.name] = write_graded(job, future.result(), out, gradebook)
                         bar.update(1)
     finally:
         bar.close()
