@@ -10,8 +10,8 @@ A query whose every key is masked gets zero weights and a zero output, never NaN
 
 Hooks for later chapters: ``MultiHeadAttention(rotary=...)`` takes a rotary position
 module (chapter 03), ``forward(..., kv_cache=...)`` takes a cache (chapter 09; ``ConcatCache``
-is the smallest one), and ``register_attention_backend`` adds an attention kernel
-(chapter 10 registers "flash").
+is the smallest one), and ``ATTENTION_BACKENDS`` names the attention kernels, chapter 10's
+"flash" and "triton" among them.
 """
 
 import math
@@ -20,6 +20,10 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minillm.checks import boolean, positive_int, probability
+from minillm.markers import mark_residual_projection
+from minillm.registry import Registry
 
 
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -145,85 +149,130 @@ def kv_cache_bytes(config, batch_size: int, seq_len: int, bytes_per_element: int
 
 
 AttentionBackend = Callable[..., torch.Tensor]
-_BACKENDS: dict[str, AttentionBackend] = {}
+
+ATTENTION_BACKENDS = Registry("attention backend")
+"""The attention kernels, by name: ``MultiHeadAttention(backend=name)`` calls ``ATTENTION_BACKENDS.get(name)``.
+
+The contract of a backend, the one place it is written (the rest of the package refers here):
+
+    fn(q, k, v, mask=None, causal=False, dropout_p=0.0) -> (batch, n_heads, q_len, head_dim)
+
+- q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_kv_heads, k_len, head_dim), *not*
+  repeated: n_kv_heads divides n_heads, and query head h uses K/V head
+  h // (n_heads // n_kv_heads) (grouped-query attention; the group size follows from the
+  shapes). A backend repeats K/V only if its kernel needs it, so a GQA-aware kernel reads
+  each K/V head once.
+- mask: None, bool (True = may attend) or float (added to the scores), broadcastable to
+  (batch, n_heads, q_len, k_len); ``ValueError`` (``TypeError`` for a dtype) otherwise.
+- causal: query i may attend to key j when j <= i + k_len - q_len: the queries are the
+  *last* q_len positions, as with a KV cache (torch's ``is_causal`` aligns the triangle
+  to the top-left corner instead). With a mask, both apply.
+- dropout_p: the probability of dropping an attention weight (0 outside training).
+- A query whose every key is masked gets a zero output, never NaN.
+- A backend that does not support an argument (a mask, dropout, a head count) raises a
+  ``ValueError`` that says so, rather than computing something else.
+
+Entries: "math" and "sdpa" (this chapter); "flash" and "triton", declared here as forward
+references into chapter 10's modules.
+"""
 
 
-def register_attention_backend(name: str, fn: AttentionBackend) -> None:
-    """Make ``fn`` available as ``MultiHeadAttention(backend=name)``; an existing name is replaced.
+def register_attention_backend(name: str, fn: AttentionBackend | str, *, replace: bool = False) -> None:
+    """Make ``fn`` available as ``MultiHeadAttention(backend=name)``.
 
-    A backend is called as ``fn(q, k, v, mask=None, causal=False, dropout_p=0.0)`` with
-    q: (batch, heads, q_len, head_dim) and k, v: (batch, heads, k_len, head_dim) (K/V heads
-    already repeated to the query heads); ``mask``: None, bool (True = may attend) or float
-    (added to the scores), broadcastable to (batch, heads, q_len, k_len); ``causal``: query
-    i may attend to key j when j <= i + k_len - q_len (the queries are the last q_len
-    positions). It returns (batch, heads, q_len, head_dim), zeros for fully masked queries.
+    fn: a callable that follows the contract of ``ATTENTION_BACKENDS``, or a forward
+    reference "module:attribute". A name that is taken by another entry is a ValueError
+    unless ``replace=True``.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    _BACKENDS[name] = fn
+    ATTENTION_BACKENDS.register(name, fn, replace=replace)
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
-    """The backend registered as ``name``; ``ValueError`` listing the known names otherwise."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; known backends: {sorted(_BACKENDS)}")
-    return _BACKENDS[name]
+    """The backend registered as ``name``, resolved now; ``ValueError`` for an unknown name
+    (listing the known ones) or for a later chapter's backend this installation lacks."""
+    return ATTENTION_BACKENDS.get(name)
 
 
-def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``mask`` (already checked against the scores' shape) combined with the (offset) causal mask.
-
-    q: (batch, heads, q_len, head_dim), k: (batch, heads, k_len, head_dim). A bool mask
-    stays bool; a float mask gets -inf where the causal mask forbids.
-    """
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    allowed = causal_mask(q_len, q.device, k_len=k_len)
+def _with_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device) -> torch.Tensor:
+    """``mask`` (already checked against the scores' shape) combined with the (offset) causal
+    mask of ``q_len`` queries and ``k_len`` keys. A bool mask stays bool; a float mask gets
+    -inf where the causal mask forbids."""
+    allowed = causal_mask(q_len, device, k_len=k_len)
     if mask is None:
         return allowed
     if mask.dtype == torch.bool:
         return mask & allowed
-    return torch.where(allowed, mask, torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device))
+    return torch.where(allowed, mask, float("-inf"))
 
 
-def _backend_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
-    """The mask a backend applies: ``mask`` checked against the scores' shape (``ValueError``,
-    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model), and
-    combined with the (offset) causal mask when ``causal``. None when nothing is masked."""
-    if mask is not None:
-        check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
-        if mask.is_floating_point():
-            mask = mask.to(q.dtype)
-    return _with_causal(mask, q, k) if causal else mask
+def _checked_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` checked against the scores' shape (batch, n_heads, q_len, k_len) (``ValueError``,
+    ``TypeError``), a float mask cast to q's dtype (a float64 bias on a float32 model)."""
+    check_mask_shape(mask, torch.Size((*q.shape[:-1], k.shape[-2])), "mask")
+    return mask.to(q.dtype) if mask.is_floating_point() else mask
+
+
+def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
+    """How many query heads share each K/V head: n_heads // n_kv_heads (``ValueError`` unless it divides)."""
+    n_heads, n_kv_heads = q.shape[-3], k.shape[-3]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
+    return n_heads // n_kv_heads
 
 
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The "math" backend: ``scaled_dot_product_attention`` written out, dropout on the weights."""
-    mask = _backend_mask(mask, q, k, causal)
-    if dropout_p == 0.0:
-        return scaled_dot_product_attention(q, k, v, mask=mask)
-    _, weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
-    return F.dropout(weights, dropout_p) @ v
+    """The "math" backend (contract: ``ATTENTION_BACKENDS``): attention written out with this
+    chapter's ``repeat_kv`` and ``softmax``, dropout on the weights.
+
+    It computes what ``scaled_dot_product_attention`` computes on the repeated heads. The
+    zeros for fully masked queries cost passes over the scores, paid only when a mask is
+    given: the causal mask alone never blocks a whole query.
+    """
+    n_rep = _kv_groups(q, k)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        mask = _checked_mask(mask, q, k)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    if causal and q_len > 1:  # a single query is the last position: it may see every key
+        scores = scores.masked_fill(~causal_mask(q_len, q.device, k_len=k_len), float("-inf"))
+    if mask is None:
+        weights = softmax(scores, dim=-1)
+    else:
+        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        weights = softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, dropout_p)
+    return weights @ v
 
 
 def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The "sdpa" backend: ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)."""
+    """The "sdpa" backend (contract: ``ATTENTION_BACKENDS``): PyTorch's fused
+    ``F.scaled_dot_product_attention``, which shares the K/V heads itself (``enable_gqa``)
+    and gives zeros for fully masked queries (PyTorch 2.5 and later).
+
+    Causal attention over as many keys as queries, without a mask, builds no mask: the
+    kernel's own ``is_causal`` then means the same.
+    """
+    gqa = _kv_groups(q, k) > 1  # only then: some of torch's kernels do not take enable_gqa
     q_len, k_len = q.shape[-2], k.shape[-2]
+    causal = causal and q_len > 1  # a single query is the last position: it may see every key
     if causal and mask is None and q_len == k_len:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    mask = _backend_mask(mask, q, k, causal)
-    if mask is not None and mask.dim() < 2:
-        mask = mask.reshape(1, -1)  # a (k_len,) or scalar mask: torch wants at least (.., k_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if mask is None:
-        return out
-    empty = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
-    return out.masked_fill(empty, 0.0)  # some kernels return NaN for fully masked queries
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    if mask is not None:
+        mask = _checked_mask(mask, q, k)
+        if mask.dim() < 2:
+            mask = mask.expand(q_len, k_len)  # a (k_len,) or scalar mask: torch wants at least (q_len, k_len)
+    if causal:
+        mask = _with_causal(mask, q_len, k_len, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
 
-register_attention_backend("math", math_attention)
-register_attention_backend("sdpa", sdpa_attention)
+ATTENTION_BACKENDS.register("math", "minillm.attention:math_attention")
+ATTENTION_BACKENDS.register("sdpa", "minillm.attention:sdpa_attention")
+ATTENTION_BACKENDS.register("flash", "minillm.flash:flash_backend", chapter="10_flash_attention")
+ATTENTION_BACKENDS.register("triton", "minillm.flash_triton:triton_backend", chapter="10_flash_attention")
 
 
 class KVCacheLike(Protocol):
@@ -248,24 +297,30 @@ class MultiHeadAttention(nn.Module):
     keys, x: (batch, heads, seq, head_dim), positions: (seq,); chapter 03's RotaryEmbedding
     module may be passed as it is (its ``rotate`` is used).
 
-    Parameters: ``qkv``, one Linear d_model → (n_heads + 2 n_kv_heads) head_dim whose
-    output rows are [W_Q; W_K; W_V] (for n_kv_heads == n_heads, the layout of
-    ``nn.MultiheadAttention.in_proj_weight``), and ``out``, the Linear d_model → d_model.
+    fused_qkv: one Linear for the queries, keys and values (fast), or three (False), so
+    that an adapter can wrap the query and value projections alone (chapter 12).
+
+    Parameters: with ``fused_qkv``, ``qkv``, one Linear d_model → (n_heads + 2 n_kv_heads)
+    head_dim whose output rows are [W_Q; W_K; W_V] (for n_kv_heads == n_heads, the layout of
+    ``nn.MultiheadAttention.in_proj_weight``); without, ``q`` (d_model → d_model) and ``k``,
+    ``v`` (d_model → n_kv_heads head_dim), the same three blocks of rows. ``out``, the Linear
+    d_model → d_model, is marked as a residual projection (``minillm.markers``).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, backend: str = "math", causal: bool = False, rotary=None):
+                 dropout: float = 0.0, backend: str = "math", causal: bool = False, rotary=None,
+                 fused_qkv: bool = True):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("d_model", d_model)
+        positive_int("n_heads", n_heads)
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads ({n_kv_heads!r}) must be a positive int dividing n_heads ({n_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        probability("dropout", dropout)
+        for name, flag in (("bias", bias), ("causal", causal), ("fused_qkv", fused_qkv)):
+            boolean(name, flag)
         rotary = getattr(rotary, "rotate", rotary)  # a RotaryEmbedding: rotate one tensor at a time
         if rotary is not None and not callable(rotary):
             raise TypeError(f"rotary must be None or callable as rotary(x, positions), got {type(rotary).__name__}")
@@ -273,36 +328,39 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout, self.backend, self.causal, self.rotary = dropout, backend, causal, rotary
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.fused_qkv = fused_qkv
+        kv_width = n_kv_heads * self.head_dim
+        if fused_qkv:
+            self.qkv = nn.Linear(d_model, d_model + 2 * kv_width, bias=bias)
+        else:
+            self.q = nn.Linear(d_model, d_model, bias=bias)
+            self.k = nn.Linear(d_model, kv_width, bias=bias)
+            self.v = nn.Linear(d_model, kv_width, bias=bias)
+        self.out = mark_residual_projection(nn.Linear(d_model, d_model, bias=bias))
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"backend={self.backend!r}, causal={self.causal}")
+                f"backend={self.backend!r}, causal={self.causal}, fused_qkv={self.fused_qkv}")
 
     def _heads(self, x: torch.Tensor, positions, kv_cache):
-        """Queries (batch, n_heads, seq, head_dim) and keys, values (batch, n_heads, k_len, head_dim)."""
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (batch, seq, {self.d_model}), got {tuple(x.shape)}")
-        seq = x.shape[1]
-        if positions is not None and (not isinstance(positions, torch.Tensor) or positions.shape != (seq,)):
-            raise ValueError(f"positions must be a tensor of shape ({seq},), got {getattr(positions, 'shape', positions)}")
-        if kv_cache is not None and not callable(getattr(kv_cache, "update", None)):
-            raise TypeError(f"kv_cache must have a method update(k, v), got {type(kv_cache).__name__}")
-        kv_width = self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1)
+        """Queries (batch, n_heads, seq, head_dim) and keys, values (batch, n_kv_heads, k_len,
+        head_dim), un-repeated, as a backend receives them."""
+        if self.fused_qkv:
+            kv_width = self.n_kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
         q, k, v = split_heads(q, self.n_heads), split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
         if self.rotary is not None:
             if positions is None:
                 if kv_cache is not None:
                     raise ValueError("positions is required with a rotary module and a kv_cache: "
                                      "the positions of the new tokens depend on what is cached")
-                positions = torch.arange(seq, device=x.device)
+                positions = torch.arange(x.shape[1], device=x.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
-        n_rep = self.n_heads // self.n_kv_heads
-        return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 kv_cache: KVCacheLike | None = None) -> torch.Tensor:
@@ -310,11 +368,13 @@ class MultiHeadAttention(nn.Module):
 
         mask: None, bool (True = may attend) or float (added to the scores, e.g. an ALiBi
         bias), broadcastable to (batch, n_heads, seq, k_len); combined with the causal mask
-        when ``causal``. positions: (seq,) positions of x's tokens, passed to ``rotary``
-        (default 0..seq-1 without a cache; required with a cache and a rotary module).
+        when ``causal``. positions: the positions of x's tokens, (seq,) or (batch, seq) (one
+        row per sequence, for left-padded batches), passed as given to ``rotary`` (default
+        0..seq-1 without a cache; required with a cache and a rotary module).
         kv_cache: None, or an object with ``update(k, v) -> (k_all, v_all)`` (``KVCacheLike``):
         the new keys and values are appended to it and the queries attend to all of them,
-        so k_len = cached + seq.
+        so k_len = cached + seq. The backend gets the heads as ``ATTENTION_BACKENDS`` says.
+        The shapes are the caller's to get right (the model checks its input once, at its entry).
         """
         q, k, v = self._heads(x, positions, kv_cache)
         attention = get_attention_backend(self.backend)
@@ -326,7 +386,12 @@ class MultiHeadAttention(nn.Module):
                           positions: torch.Tensor | None = None) -> torch.Tensor:
         """The attention maps, (batch, n_heads, seq, seq): row i is query i's weights over the keys."""
         q, k, v = self._heads(x, positions, None)
-        return scaled_dot_product_attention(q, k, v, mask=_backend_mask(mask, q, k, self.causal), return_weights=True)[1]
+        n_rep = self.n_heads // self.n_kv_heads
+        if mask is not None:
+            mask = _checked_mask(mask, q, k)
+        if self.causal:
+            mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask=mask, return_weights=True)[1]
 
 
 class ConcatCache:

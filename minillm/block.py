@@ -16,16 +16,10 @@ from torch import nn
 
 from minillm.attention import MultiHeadAttention
 from minillm.ffn import FeedForward, build_ffn
+from minillm.checks import one_of
 from minillm.norm import LayerNorm, build_norm
 
 NORM_PLACEMENTS = ("pre", "post")
-
-
-def _check_block_input(x, d_model: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (batch, seq, d_model={d_model}), got {tuple(x.shape)}")
 
 
 def input_gradients(jacobians: torch.Tensor, grad_output: torch.Tensor, residual: bool = False) -> torch.Tensor:
@@ -80,7 +74,6 @@ class EncoderLayer(nn.Module):
         mask: None, or a bool (True = may attend) or float (added to the scores) tensor
         broadcastable to (batch, n_heads, seq, seq); for padding, ``~padding[:, None, None, :]``.
         """
-        _check_block_input(x, self.d_model)
         h = self.norm1(x + self.dropout(self.attn(x, mask=mask)))  # MHA, then Add & Norm
         return self.norm2(h + self.ffn(h))  # Dense → activation → Dense, then Add & Norm
 
@@ -100,6 +93,7 @@ class TransformerBlock(nn.Module):
     rotary: None or a callable rotary(x, positions) → x for the queries and keys, such as
     chapter 03's ``RotaryEmbedding(head_dim).rotate``.
     eps: the norms'. causal: each position attends only to itself and earlier positions.
+    fused_qkv: one Linear for Q, K and V, or three (see ``MultiHeadAttention``).
 
     Submodules ``norm1``, ``attn`` (MultiHeadAttention), ``norm2``, ``ffn``. Its parameter count
     is ``minillm.config.block_parameters`` of the matching ModelConfig.
@@ -107,14 +101,14 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, n_kv_heads: int | None = None, norm: str = "layernorm",
                  norm_placement: str = "pre", ffn: str = "gelu", bias: bool = True, dropout: float = 0.0,
-                 attention_backend: str = "math", rotary=None, eps: float = 1e-5, causal: bool = True):
+                 attention_backend: str = "math", rotary=None, eps: float = 1e-5, causal: bool = True,
+                 fused_qkv: bool = True):
         super().__init__()
-        if norm_placement not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        one_of("norm_placement", norm_placement, NORM_PLACEMENTS)
         self.d_model, self.norm_placement = d_model, norm_placement
         self.norm1 = build_norm(norm, d_model, eps=eps, bias=bias)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout,
-                                       backend=attention_backend, causal=causal, rotary=rotary)
+                                       backend=attention_backend, causal=causal, rotary=rotary, fused_qkv=fused_qkv)
         self.norm2 = build_norm(norm, d_model, eps=eps, bias=bias)
         self.ffn = build_ffn(ffn, d_model, d_ff, bias=bias, dropout=dropout)
         self.dropout = nn.Dropout(dropout)
@@ -129,7 +123,6 @@ class TransformerBlock(nn.Module):
         mask, positions, kv_cache: passed to ``self.attn`` (see ``MultiHeadAttention.forward``):
         an extra mask (True = may attend), the tokens' positions for rotary embeddings, a KV cache.
         """
-        _check_block_input(x, self.d_model)
         if self.norm_placement == "pre":
             x = x + self.dropout(self.attn(self.norm1(x), mask=mask, positions=positions, kv_cache=kv_cache))
             return x + self.ffn(self.norm2(x))

@@ -12,6 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minillm.checks import non_negative_int, positive_int, probability
+from minillm.markers import mark_residual_projection
+from minillm.registry import Registry
+
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU, exact form: x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))), elementwise.
@@ -39,23 +43,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_dropout(dropout) -> None:
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-
-
-def _check_input(x, d_model: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 0 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
-
-
 class FeedForward(nn.Module):
     """The position-wise feed-forward network: Linear → activation → Linear (→ dropout).
 
@@ -66,16 +53,16 @@ class FeedForward(nn.Module):
     (GPT-2's tanh approximation), or any elementwise callable. bias: biases on both linear
     maps. dropout: probability of zeroing an output element while training.
 
-    Weights as ``torch.nn.Linear`` stores them: ``w1`` (d_ff, d_model), ``w2`` (d_model, d_ff).
-    Input (..., d_model) → output (..., d_model).
+    Weights as ``torch.nn.Linear`` stores them: ``w1`` (d_ff, d_model), ``w2`` (d_model, d_ff),
+    the residual projection. Input (..., d_model) → output (..., d_model).
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str | Callable = "gelu", bias: bool = True,
                  dropout: float = 0.0):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_size("d_ff", d_ff)
-        _check_dropout(dropout)
+        positive_int("d_model", d_model)
+        positive_int("d_ff", d_ff)
+        probability("dropout", dropout)
         if isinstance(activation, str):
             if activation not in ACTIVATIONS:
                 raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
@@ -87,12 +74,17 @@ class FeedForward(nn.Module):
             raise TypeError(f"activation must be a name or a callable, got {type(activation).__name__}")
         self.d_model, self.d_ff = d_model, d_ff
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w2 = mark_residual_projection(nn.Linear(d_ff, d_model, bias=bias))
         self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def default_d_ff(cls, d_model: int, **options) -> int:
+        """The hidden width when a configuration names none: 4 * d_model. ``options`` (the
+        FFN's own, such as ``activation``) do not change it."""
+        return 4 * positive_int("d_model", d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return self.dropout(self.w2(self.activation(self.w1(x))))
 
     def extra_repr(self) -> str:
@@ -110,7 +102,8 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
         raise ValueError(f"w3 must have w1's shape {tuple(w1.shape)}, got {tuple(w3.shape)}")
     if w2.shape != (d_model, d_ff):
         raise ValueError(f"w2 must have shape (d_model, d_ff) = {(d_model, d_ff)}, got {tuple(w2.shape)}")
-    _check_input(x, d_model)
+    if x.shape[-1:] != (d_model,):
+        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
 
 
@@ -121,8 +114,8 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 
     LLaMA-7B: swiglu_hidden_size(4096) == 11008.
     """
-    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
-        _check_size(name, value)
+    positive_int("d_model", d_model)
+    positive_int("multiple_of", multiple_of)
     hidden = int(2 * (4 * d_model) / 3)
     if ffn_dim_multiplier is not None:
         if isinstance(ffn_dim_multiplier, bool) or not isinstance(ffn_dim_multiplier, (int, float)) or ffn_dim_multiplier <= 0:
@@ -139,24 +132,31 @@ class SwiGLU(nn.Module):
     network of width 4 * d_model. bias: biases on all three linear maps (LLaMA has none).
     dropout: probability of zeroing an output element while training.
 
-    Weights: ``w1`` (gate) and ``w3`` (value), (d_ff, d_model); ``w2``, (d_model, d_ff).
-    Input (..., d_model) → output (..., d_model).
+    Weights: ``w1`` (gate) and ``w3`` (value), (d_ff, d_model); ``w2``, (d_model, d_ff),
+    the residual projection. Input (..., d_model) → output (..., d_model).
     """
 
     def __init__(self, d_model: int, d_ff: int, bias: bool = False, dropout: float = 0.0):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_size("d_ff", d_ff)
-        _check_dropout(dropout)
+        positive_int("d_model", d_model)
+        positive_int("d_ff", d_ff)
+        probability("dropout", dropout)
         self.d_model, self.d_ff = d_model, d_ff
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w3 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w2 = mark_residual_projection(nn.Linear(d_ff, d_model, bias=bias))
         self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def default_d_ff(cls, d_model: int, **options) -> int:
+        """The hidden width when a configuration names none: the 2/3 rule,
+        ``swiglu_hidden_size(d_model, multiple_of=32)`` (352 for d_model 128), so that the
+        three matrices hold about the 8 * d_model**2 weights of a GELU network of width
+        4 * d_model. ``options`` (the FFN's own) do not change it."""
+        return swiglu_hidden_size(d_model, multiple_of=32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
 
 
@@ -167,10 +167,9 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
     "swiglu"); ``training`` adds the backward pass, twice the forward. Biases and
     activations are left out.
     """
-    for name, size in (("d_model", d_model), ("d_ff", d_ff)):
-        _check_size(name, size)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
-        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+    positive_int("d_model", d_model)
+    positive_int("d_ff", d_ff)
+    non_negative_int("n_tokens", n_tokens)
     matrices = {"gelu": 2, "relu": 2, "gelu_tanh": 2, "swiglu": 3}
     if ffn not in matrices:
         raise ValueError(f"ffn must be one of {sorted(matrices)}, got {ffn!r}")
@@ -178,43 +177,57 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
     return 3 * forward if training else forward
 
 
-FFN_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+FFNS = Registry("FFN")
+"""The feed-forward networks, by name: ``build_ffn(name, d_model, d_ff, **options)`` builds one.
+
+An entry is a factory ``factory(d_model, d_ff, **options)`` returning a module that maps
+(..., d_model) to (..., d_model), or a forward reference "module:attribute" to one. A class
+may define ``default_d_ff(d_model, **options)``, its hidden width when a configuration names
+none (see ``default_d_ff``). Built in: "relu", "gelu", "gelu_tanh" (``FeedForward``) and
+"swiglu" (``SwiGLU``); "moe" is declared for chapter 11.
+"""
+FFNS.register("relu", "minillm.ffn:FeedForward", activation="relu")
+FFNS.register("gelu", "minillm.ffn:FeedForward", activation="gelu")
+FFNS.register("gelu_tanh", "minillm.ffn:FeedForward", activation="gelu_tanh")
+FFNS.register("swiglu", "minillm.ffn:SwiGLU")
+FFNS.register("moe", "minillm.moe:MoEFeedForward", chapter="11_mixture_of_experts")
 
 
-def register_ffn(name: str, factory: Callable[..., nn.Module], *, overwrite: bool = False) -> None:
-    """Make ``build_ffn(name, d_model, d_ff, **kwargs)`` call ``factory(d_model, d_ff, **kwargs)``.
+def register_ffn(name: str, factory: Callable[..., nn.Module] | str, *, replace: bool = False, **options) -> None:
+    """Make ``build_ffn(name, d_model, d_ff, **kwargs)`` call ``factory(d_model, d_ff, **options, **kwargs)``.
 
-    The factory must return a module mapping (..., d_model) to (..., d_model). A name that
-    is already registered is a ValueError unless ``overwrite=True``.
+    factory: a callable (see ``FFNS``) or a forward reference "module:attribute". A name
+    taken by another entry is a ValueError unless ``replace=True``.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if not callable(factory):
-        raise TypeError(f"factory must be callable, got {type(factory).__name__}")
-    if name in FFN_REGISTRY and not overwrite:
-        raise ValueError(f"an FFN named {name!r} is already registered; pass overwrite=True to replace it")
-    FFN_REGISTRY[name] = factory
+    FFNS.register(name, factory, replace=replace, **options)
 
 
 def available_ffns() -> tuple[str, ...]:
-    """The registered FFN names, sorted."""
-    return tuple(sorted(FFN_REGISTRY))
+    """The registered FFN names, sorted; declared ones (such as chapter 11's "moe") included."""
+    return FFNS.names()
 
 
 def build_ffn(name: str, d_model: int, d_ff: int, **kwargs) -> nn.Module:
     """The feed-forward network registered as ``name``, built as ``factory(d_model, d_ff, **kwargs)``.
 
-    Registered here: "gelu", "relu", "gelu_tanh" (``FeedForward``) and "swiglu"
-    (``SwiGLU``); ``kwargs`` such as ``bias`` and ``dropout`` go to the factory.
+    ``kwargs`` such as ``bias`` and ``dropout`` go to the factory. ``ValueError`` for an
+    unknown name, for a later chapter's FFN this installation lacks, or for a bad size.
     """
-    if name not in FFN_REGISTRY:
-        raise ValueError(f"unknown FFN {name!r}; known: {', '.join(available_ffns())}")
-    _check_size("d_model", d_model)
-    _check_size("d_ff", d_ff)
-    return FFN_REGISTRY[name](d_model, d_ff, **kwargs)
+    factory = FFNS.get(name)
+    return factory(positive_int("d_model", d_model), positive_int("d_ff", d_ff), **kwargs)
 
 
-register_ffn("relu", partial(FeedForward, activation="relu"))
-register_ffn("gelu", partial(FeedForward, activation="gelu"))
-register_ffn("gelu_tanh", partial(FeedForward, activation="gelu_tanh"))
-register_ffn("swiglu", SwiGLU)
+def default_d_ff(name: str, d_model: int, **ffn_options) -> int:
+    """The hidden width of FFN ``name`` for ``d_model`` when a configuration names none.
+
+    The registered class's own rule, ``default_d_ff(d_model, **options)``, with the
+    entry's options and ``ffn_options``: 4 * d_model for "gelu", "gelu_tanh" and "relu",
+    ``swiglu_hidden_size(d_model, multiple_of=32)`` for "swiglu". 4 * d_model for a
+    factory without a rule.
+    """
+    positive_int("d_model", d_model)
+    factory = FFNS.get(name)
+    if isinstance(factory, partial):  # an entry registered with options
+        factory, ffn_options = factory.func, {**factory.keywords, **ffn_options}
+    rule = getattr(factory, "default_d_ff", None)
+    return 4 * d_model if rule is None else rule(d_model, **ffn_options)

@@ -9,9 +9,14 @@ positions or across the batch. Shapes: input (..., d_model) → output (..., d_m
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minillm.checks import boolean, number, positive_int
+from minillm.registry import Registry
 
 
 def _check_features(x, weight=None, bias=None) -> None:
@@ -30,21 +35,9 @@ def _check_features(x, weight=None, bias=None) -> None:
                              f"got {tuple(value.shape)}")
 
 
-def _check_input(x, d_model: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 0 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
-
-
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_eps(eps) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < float("inf"):
-        raise ValueError(f"eps must be a non-negative finite number, got {eps!r}")
+def _check_eps(eps) -> float:
+    """eps as a float when it is a finite number >= 0 (the norms add it before a square root)."""
+    return number("eps", eps, low=0.0, high=math.inf, high_open=True)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -78,17 +71,14 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_eps(eps)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-        self.d_model, self.eps = d_model, float(eps)
+        positive_int("d_model", d_model)
+        boolean("bias", bias)
+        self.d_model, self.eps = d_model, _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
         self.register_parameter("bias", nn.Parameter(torch.zeros(d_model)) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -113,35 +103,41 @@ class RMSNorm(nn.Module):
     RMSNorm(x) = x / sqrt(mean(x^2) + eps) * weight, as ``torch.nn.functional.rms_norm``.
     d_model: number of features. eps: added to the mean square. Parameter ``weight``
     (ones, d_model of them); no shift. Input (..., d_model) → output (..., d_model).
+    bias: there is no shift to learn, so it changes nothing; it is accepted so that
+    ``build_norm`` builds every norm alike from a configuration's ``bias``.
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-5):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = False):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_eps(eps)
-        self.d_model, self.eps = d_model, float(eps)
+        positive_int("d_model", d_model)
+        boolean("bias", bias)
+        self.d_model, self.eps = d_model, _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
 
 
-NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+NORMS = Registry("norm")
+"""The normalization layers, by name: ``build_norm(name, d_model, eps, bias)`` builds one.
+
+An entry is a factory ``factory(d_model, eps=eps, bias=bias)`` returning a module that maps
+(..., d_model) to (..., d_model), or a forward reference "module:attribute" to one (chapter
+05 explains why the built-ins are). Built in: "layernorm", "rmsnorm".
+"""
+NORMS.register("layernorm", "minillm.norm:LayerNorm")
+NORMS.register("rmsnorm", "minillm.norm:RMSNorm")
 
 
 def build_norm(name: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """The normalization layer called ``name``: "layernorm" → ``LayerNorm(d_model, eps, bias)``,
-    "rmsnorm" → ``RMSNorm(d_model, eps)`` (it has no shift, so ``bias`` does not apply).
+    """The normalization layer registered as ``name``, built as ``factory(d_model, eps=eps, bias=bias)``:
+    "layernorm" → ``LayerNorm``, "rmsnorm" → ``RMSNorm`` (it has no shift, so ``bias``
+    changes nothing there).
 
     An unknown name is a ValueError that lists the known ones.
     """
-    if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; known: {', '.join(sorted(NORMS))}")
-    if name == "layernorm":
-        return LayerNorm(d_model, eps=eps, bias=bias)
-    return NORMS[name](d_model, eps=eps)
+    return NORMS.get(name)(d_model, eps=eps, bias=bias)

@@ -1,7 +1,8 @@
 """minillm.attention against torch's attention (functional and nn.MultiheadAttention), naive
 formulas and hand-computed values, the defining properties, the hooks, and bad input."""
+import copy
 import math
-import re
+import sys
 
 import pytest
 import torch
@@ -264,6 +265,35 @@ def test_gqa_matches_torch_sdpa_with_enable_gqa(n_kv_heads, backend):
     torch.testing.assert_close(layer(x), expected)
 
 
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_separate_projections_equal_the_fused_one(n_kv_heads, bias):
+    torch.manual_seed(11)
+    fused = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias, causal=True).double()
+    split = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias, causal=True, fused_qkv=False).double()
+    assert not hasattr(split, "qkv") and (split.q.out_features, split.k.out_features) == (32, 8 * n_kv_heads)
+    assert sum(p.numel() for p in split.parameters()) == sum(p.numel() for p in fused.parameters())
+    rows = [32, 8 * n_kv_heads, 8 * n_kv_heads]  # [W_Q; W_K; W_V]
+    with torch.no_grad():
+        for linear, weight in zip((split.q, split.k, split.v), fused.qkv.weight.split(rows)):
+            linear.weight.copy_(weight)
+        if bias:
+            for linear, b in zip((split.q, split.k, split.v), fused.qkv.bias.split(rows)):
+                linear.bias.copy_(b)
+        split.out.load_state_dict(fused.out.state_dict())
+    x = randn(2, 6, 32)
+    torch.testing.assert_close(split(x), fused(x))
+    torch.testing.assert_close(split.attention_weights(x), fused.attention_weights(x))
+
+
+def test_only_the_output_projection_is_marked_as_residual():
+    from minillm.markers import is_residual_projection
+
+    for fused_qkv in (True, False):
+        layer = MultiHeadAttention(16, 4, fused_qkv=fused_qkv)
+        assert [name for name, m in layer.named_modules() if is_residual_projection(m)] == ["out"]
+
+
 def test_gqa_parameter_count_shrinks_with_kv_heads():
     from minillm.config import attention_parameters
 
@@ -311,16 +341,26 @@ def test_mha_rejects_bad_configuration(kwargs, word):
 
 def test_mha_rejects_bad_input():
     layer = MultiHeadAttention(16, 4)
-    with pytest.raises(ValueError, match="x"):
-        layer(torch.zeros(2, 5, 12))
-    with pytest.raises(ValueError, match="positions"):
-        layer(torch.zeros(2, 5, 16), positions=torch.arange(4))
     with pytest.raises(ValueError, match="mask"):
         layer(torch.zeros(2, 5, 16), mask=torch.ones(5, 6, dtype=torch.bool))
-    with pytest.raises(TypeError, match="kv_cache"):
-        layer(torch.zeros(2, 5, 16), kv_cache=object())
     with pytest.raises(TypeError, match="rotary"):
         MultiHeadAttention(16, 4, rotary=3)
+    for name in ("bias", "causal", "fused_qkv"):
+        with pytest.raises(TypeError, match=name):
+            MultiHeadAttention(16, 4, **{name: 1})
+
+
+def test_positions_may_be_one_row_per_sequence():
+    """(batch, seq) positions reach the rotary callable as given: a left-padded row, shifted
+    by its padding, attends as it would alone at positions 0, 1, ..."""
+    torch.manual_seed(12)
+    layer = MultiHeadAttention(32, 4, causal=True, rotary=batched_rope).double().eval()
+    x = randn(2, 6, 32)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]])  # row 1: 2 padding tokens, then 4 real ones
+    keep = torch.tensor([[True] * 6, [False, False, True, True, True, True]])[:, None, None, :]
+    out = layer(x, mask=keep, positions=positions)
+    torch.testing.assert_close(out[1, 2:], layer(x[1:, 2:])[0])
+    torch.testing.assert_close(out[0], layer(x[:1])[0])
 
 
 # ---------------------------------------------------------------- hooks: KV cache, rotary, backends
@@ -376,6 +416,13 @@ def rope(x, positions, theta=10000.0):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def batched_rope(x, positions):
+    """``rope`` with one row of positions per sequence: x (batch, heads, seq, d), positions (batch, seq)."""
+    if positions.dim() == 1:
+        return rope(x, positions)
+    return torch.stack([rope(row[None], p)[0] for row, p in zip(x, positions)])
+
+
 def test_rotary_hook_gets_queries_and_keys_with_positions():
     calls = []
 
@@ -426,12 +473,19 @@ def test_rotary_from_chapter_03_plugs_in():
     torch.testing.assert_close(module(x), layer(x), msg="the RotaryEmbedding module rotates like apply_rope")
 
 
-def test_backend_registry(monkeypatch):
-    monkeypatch.setattr(attention, "_BACKENDS", dict(attention._BACKENDS))
+@pytest.fixture
+def backends(monkeypatch):
+    """A copy of the registry in the module's place, so that a test's entries do not outlive it."""
+    registry = copy.deepcopy(attention.ATTENTION_BACKENDS)
+    monkeypatch.setattr(attention, "ATTENTION_BACKENDS", registry)
+    return registry
+
+
+def test_backend_registry(backends):
     assert get_attention_backend("math") is attention.math_attention
     assert get_attention_backend("sdpa") is attention.sdpa_attention
-    with pytest.raises(ValueError, match=re.escape("['math', 'sdpa']")):
-        get_attention_backend("flash")
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'; known: flash, math, sdpa, triton"):
+        get_attention_backend("nope")
     calls = []
 
     def counting(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -443,13 +497,45 @@ def test_backend_registry(monkeypatch):
     layer = MultiHeadAttention(16, 4, n_kv_heads=2, causal=True, backend="counting")
     x = randn(2, 3, 16, dtype=torch.float32)
     out = layer(x)
-    assert calls == [((2, 4, 3, 4), (2, 4, 3, 4), True)]  # K/V heads repeated before the backend
+    assert calls == [((2, 4, 3, 4), (2, 2, 3, 4), True)]  # the backend gets the 2 K/V heads un-repeated
     layer.backend = "math"
     torch.testing.assert_close(out, layer(x))
-    with pytest.raises(TypeError, match="fn"):
-        register_attention_backend("broken", "not a function")
+    register_attention_backend("counting", counting)  # the same entry again changes nothing
+    with pytest.raises(ValueError, match="attention backend 'counting' is already registered.*replace=True"):
+        register_attention_backend("counting", attention.sdpa_attention)
+    register_attention_backend("counting", attention.sdpa_attention, replace=True)
+    assert get_attention_backend("counting") is attention.sdpa_attention
+    with pytest.raises(ValueError, match="attention backend 'math' is already registered"):
+        register_attention_backend("math", counting)  # no silent replacement of a built-in
+    with pytest.raises(TypeError, match="callable"):
+        register_attention_backend("broken", 3)
     with pytest.raises(ValueError, match="name"):
         register_attention_backend("", counting)
+
+
+def test_backends_are_looked_up_in_the_module_at_every_call(monkeypatch):
+    """The built-ins are forward references: what stands at minillm.attention.math_attention
+    when a layer runs (a learner's, in a student bundle) is what it calls."""
+    calls = []
+
+    def mine(q, k, v, mask=None, causal=False, dropout_p=0.0):
+        calls.append(causal)
+        return torch.zeros_like(q)
+
+    layer = MultiHeadAttention(16, 4, causal=True, bias=False)
+    monkeypatch.setattr(attention, "math_attention", mine)
+    assert torch.equal(layer(torch.randn(2, 3, 16)), torch.zeros(2, 3, 16)) and calls == [True]
+
+
+@pytest.mark.parametrize("name, module", [("flash", "minillm.flash"), ("triton", "minillm.flash_triton")])
+def test_chapter_10_backends_are_declared_and_name_their_chapter_where_missing(monkeypatch, name, module):
+    assert name in attention.ATTENTION_BACKENDS
+    monkeypatch.setitem(sys.modules, module, None)  # an installation without chapter 10
+    message = rf"attention backend '{name}' comes from chapter 10_flash_attention \({module}\)"
+    with pytest.raises(ValueError, match=message):
+        get_attention_backend(name)
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(16, 4, backend=name)
 
 
 def test_sdpa_backend_zeroes_fully_masked_queries_with_cached_offset():
@@ -461,6 +547,118 @@ def test_sdpa_backend_zeroes_fully_masked_queries_with_cached_offset():
         assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
         expected = F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :4], v[:, :, :4])  # query 0 sees keys 0..3
         torch.testing.assert_close(out[:, :, :1], expected)
+
+
+# ---------------------------------------------------------------- the backend contract
+
+def contract_reference(q, k, v, mask=None, causal=False):
+    """What every backend must compute, written from the contract with torch's math: K/V head
+    h // (n_heads / n_kv_heads) for query head h, the causal triangle aligned to the last
+    queries, and zeros for a query that may see no key."""
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+    if causal:
+        allowed = torch.tensor([[j <= i + k_len - q_len for j in range(k_len)] for i in range(q_len)])
+        scores = scores.masked_fill(~allowed, -math.inf)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v
+
+
+def contract_masks(batch, n_heads, q_len, k_len, seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.rand(batch, 1, 1, k_len, generator=g) < 0.7
+    keys[..., -1] = True  # the last key is never padding, so every causal query sees a key
+    bias = torch.randn(n_heads, q_len, k_len, generator=g, dtype=torch.float64)
+    full = torch.rand(batch, n_heads, q_len, k_len, generator=g) < 0.6
+    full[:, :, 0] = False  # a fully masked query in every head
+    return {"none": None, "key padding (batch, 1, 1, k_len)": keys, "float bias (n_heads, q_len, k_len)": bias,
+            "bool (batch, n_heads, q_len, k_len)": full, "(k_len,)": keys[0, 0, 0]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(4, 4), (4, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("q_len, k_len", [(5, 5), (2, 7), (1, 6)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backends_follow_the_contract(backend, n_heads, n_kv_heads, q_len, k_len, causal):
+    fn = get_attention_backend(backend)
+    q = randn(2, n_heads, q_len, 8, seed=20)
+    k, v = randn(2, n_kv_heads, k_len, 8, seed=21), randn(2, n_kv_heads, k_len, 8, seed=22)
+    for label, mask in contract_masks(2, n_heads, q_len, k_len, seed=23).items():
+        out = fn(q, k, v, mask=mask, causal=causal)
+        assert out.shape == q.shape, label
+        torch.testing.assert_close(out, contract_reference(q, k, v, mask, causal), msg=label)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("q_len, k_len", [(6, 6), (3, 6)])
+def test_math_and_sdpa_give_equal_outputs_and_gradients(n_kv_heads, q_len, k_len):
+    masks = contract_masks(2, 4, q_len, k_len, seed=24)
+    for causal in (False, True):
+        for label, mask in masks.items():
+            results = []
+            for backend in BACKENDS:
+                q = randn(2, 4, q_len, 8, seed=25).requires_grad_()
+                k, v = (randn(2, n_kv_heads, k_len, 8, seed=s).requires_grad_() for s in (26, 27))
+                out = get_attention_backend(backend)(q, k, v, mask=mask, causal=causal)
+                (out * randn(*out.shape, seed=28)).sum().backward()
+                results.append((out, q.grad, k.grad, v.grad))
+            for a, b, name in zip(*results, ("output", "q.grad", "k.grad", "v.grad")):
+                assert torch.isfinite(b).all(), f"{name} {label} causal={causal}"
+                torch.testing.assert_close(a, b, msg=f"{name} with mask {label}, causal={causal}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backends_refuse_what_they_cannot_compute(backend):
+    fn = get_attention_backend(backend)
+    q, k, v = randn(1, 4, 3, 8), randn(1, 3, 3, 8, seed=1), randn(1, 3, 3, 8, seed=2)
+    with pytest.raises(ValueError, match="3 heads, which must divide the 4 query heads"):
+        fn(q, k, v)
+    with pytest.raises(ValueError, match="mask"):
+        fn(q, k[:, :2], v[:, :2], mask=torch.ones(3, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_dropout_drops_weights_in_training_only(backend):
+    fn = get_attention_backend(backend)
+    q, k, v = randn(2, 4, 6, 8), randn(2, 2, 6, 8, seed=1), randn(2, 2, 6, 8, seed=2)
+    torch.manual_seed(0)
+    dropped = fn(q, k, v, causal=True, dropout_p=0.5)
+    assert not torch.allclose(dropped, fn(q, k, v, causal=True))
+    torch.testing.assert_close(fn(q, k, v, causal=True, dropout_p=0.0), contract_reference(q, k, v, causal=True))
+
+
+def test_sdpa_builds_no_mask_for_plain_causal_attention(monkeypatch):
+    """The fast path: causal attention over as many keys as queries reaches torch's kernel
+    with is_causal=True and no mask tensor; with the K/V heads shared only when they differ."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False, **kwargs):
+        seen.append((attn_mask is None, is_causal, enable_gqa, k.shape[1]))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    for n_kv_heads in (4, 2):
+        MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads, causal=True, backend="sdpa")(torch.randn(2, 5, 16))
+    assert seen == [(True, True, False, 4), (True, True, True, 2)]
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sdpa_gives_zeros_for_fully_masked_queries_on_every_device(device, dtype):
+    """The "sdpa" backend leaves fully masked queries to torch's kernels: they must give zeros."""
+    q = torch.randn(2, 4, 5, 16, device=device, dtype=dtype)
+    k, v = (torch.randn(2, 2, 5, 16, device=device, dtype=dtype) for _ in range(2))
+    keep = torch.ones(2, 1, 5, 5, dtype=torch.bool, device=device)
+    keep[:, :, 3] = False
+    for mask in (keep, torch.zeros(5, 5, device=device, dtype=dtype).masked_fill(~keep[0, 0], float("-inf"))):
+        out = get_attention_backend("sdpa")(q, k, v, mask=mask, causal=True)
+        assert torch.isfinite(out).all() and (out[:, :, 3] == 0).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is checked when one is present")

@@ -1,18 +1,21 @@
 """minillm.ffn: activations, FeedForward, SwiGLU, counts and the registry, against independent references."""
+import copy
 import math
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from minillm import ffn as ffn_module
 from minillm.config import CHOICES, ModelConfig, ffn_parameters
 from minillm.ffn import (
-    FFN_REGISTRY,
     FeedForward,
     SwiGLU,
     available_ffns,
     build_ffn,
+    default_d_ff,
     ffn_flops,
     gelu,
     gelu_tanh,
@@ -191,12 +194,12 @@ def test_feedforward_unknown_activation_lists_the_known_ones():
         FeedForward(8, 32, activation=3)
 
 
-@pytest.mark.parametrize("module", [FeedForward(8, 32), SwiGLU(8, 24)])
-def test_wrong_input_width_is_a_value_error(module):
-    with pytest.raises(ValueError, match="d_model=8"):
-        module(torch.randn(2, 3, 9))
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
-        module([[0.0] * 8])
+@pytest.mark.parametrize("module", [FeedForward(8, 32), SwiGLU(8, 24), build_ffn("gelu_tanh", 8, 32)])
+def test_the_down_projection_is_marked_as_the_residual_projection(module):
+    from minillm.markers import is_residual_projection
+
+    marked = [name for name, sub in module.named_modules() if is_residual_projection(sub)]
+    assert marked == ["w2"]
 
 
 # ---------------------------------------------------------------- SwiGLU
@@ -392,8 +395,15 @@ def test_every_config_ffn_choice_is_registered():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown FFN 'swish'.*gelu, gelu_tanh, relu, swiglu"):
+    with pytest.raises(ValueError, match="unknown FFN 'swish'; known: gelu, gelu_tanh, moe, relu, swiglu"):
         build_ffn("swish", 8, 32)
+
+
+def test_moe_is_declared_and_its_lookup_names_chapter_11_where_it_is_missing(monkeypatch):
+    assert "moe" in available_ffns()
+    monkeypatch.setitem(sys.modules, "minillm.moe", None)  # an installation without chapter 11
+    with pytest.raises(ValueError, match=r"FFN 'moe' comes from chapter 11_mixture_of_experts \(minillm.moe\)"):
+        build_ffn("moe", 8, 32)
 
 
 @pytest.mark.parametrize("d_model, d_ff, argument", [(0, 8, "d_model"), (8, 0, "d_ff"), (8, 2.5, "d_ff")])
@@ -402,32 +412,97 @@ def test_build_ffn_bad_sizes(d_model, d_ff, argument):
         build_ffn("swiglu", d_model, d_ff)
 
 
-def test_register_a_new_ffn_without_patching():
-    class Doubling(torch.nn.Module):
-        def __init__(self, d_model, d_ff, scale=2.0):
-            super().__init__()
-            self.d_model, self.d_ff, self.scale = d_model, d_ff, scale
-
-        def forward(self, x):
-            return self.scale * x
-
-    try:
-        register_ffn("doubling", Doubling)
-        module = build_ffn("doubling", 4, 8, scale=3.0)
-        assert (module.d_model, module.d_ff, module.scale) == (4, 8, 3.0)
-        assert "doubling" in available_ffns()
-        with pytest.raises(ValueError, match="already registered"):
-            register_ffn("doubling", Doubling)
-        register_ffn("doubling", FeedForward, overwrite=True)
-        assert isinstance(build_ffn("doubling", 4, 8), FeedForward)
-    finally:
-        FFN_REGISTRY.pop("doubling", None)
-    assert "doubling" not in available_ffns()
+@pytest.fixture
+def ffns(monkeypatch):
+    """A copy of the registry in the module's place, so that a test's entries do not outlive it."""
+    registry = copy.deepcopy(ffn_module.FFNS)
+    monkeypatch.setattr(ffn_module, "FFNS", registry)
+    return registry
 
 
-def test_register_bad_arguments():
-    with pytest.raises(TypeError, match="factory"):
-        register_ffn("broken", "not callable")
+class Doubling(torch.nn.Module):
+    def __init__(self, d_model, d_ff, scale=2.0):
+        super().__init__()
+        self.d_model, self.d_ff, self.scale = d_model, d_ff, scale
+
+    def forward(self, x):
+        return self.scale * x
+
+
+def test_register_a_new_ffn_without_patching(ffns):
+    register_ffn("doubling", Doubling)
+    module = build_ffn("doubling", 4, 8, scale=3.0)
+    assert (module.d_model, module.d_ff, module.scale) == (4, 8, 3.0)
+    assert "doubling" in available_ffns()
+    register_ffn("doubling", Doubling)  # the same entry again changes nothing
+    with pytest.raises(ValueError, match="FFN 'doubling' is already registered.*replace=True"):
+        register_ffn("doubling", FeedForward)
+    register_ffn("doubling", FeedForward, replace=True)
+    assert isinstance(build_ffn("doubling", 4, 8), FeedForward)
+    register_ffn("tripling", Doubling, scale=3.0)  # options bound to the entry
+    assert build_ffn("tripling", 4, 8).scale == 3.0
+
+
+def test_builtin_names_cannot_be_replaced_by_accident(ffns):
+    with pytest.raises(ValueError, match="FFN 'gelu' is already registered"):
+        register_ffn("gelu", SwiGLU)
+    assert isinstance(build_ffn("gelu", 4, 8), FeedForward)
+
+
+def test_register_bad_arguments(ffns):
+    with pytest.raises(TypeError, match="callable"):
+        register_ffn("broken", 3)
+    with pytest.raises(ValueError, match="module:attribute"):
+        register_ffn("broken", "not a reference")
     with pytest.raises(ValueError, match="name"):
         register_ffn("", FeedForward)
-    assert "broken" not in FFN_REGISTRY
+    assert "broken" not in available_ffns()
+
+
+def test_builtins_are_looked_up_in_the_module_when_built(monkeypatch):
+    """The entries are forward references: whatever class stands at minillm.ffn.SwiGLU now
+    (a learner's answer, installed by a student bundle) is what build_ffn builds."""
+
+    class MySwiGLU(SwiGLU):
+        pass
+
+    class MyFeedForward(FeedForward):
+        pass
+
+    monkeypatch.setattr(ffn_module, "SwiGLU", MySwiGLU)
+    assert type(build_ffn("swiglu", 8, 16)) is MySwiGLU
+    monkeypatch.setattr(ffn_module, "FeedForward", MyFeedForward)
+    relu = build_ffn("relu", 8, 16)
+    assert type(relu) is MyFeedForward and relu.activation_name == "relu"  # with the entry's options
+
+
+# ---------------------------------------------------------------- the width rule
+
+@pytest.mark.parametrize("name, d_model, expected", [
+    ("gelu", 128, 512), ("relu", 64, 256), ("gelu_tanh", 768, 3072),  # 4 d_model
+    ("swiglu", 128, 352),  # the shipped model: 2/3 of 512 is 341.3, rounded up to a multiple of 32
+    ("swiglu", 96, 256), ("swiglu", 768, 2048), ("swiglu", 4096, 10944),
+])
+def test_default_d_ff_is_each_ffns_own_rule(name, d_model, expected):
+    assert default_d_ff(name, d_model) == expected
+    if name == "swiglu":  # the rule, independently: the smallest multiple of 32 at or above int(8 d / 3)
+        assert expected % 32 == 0 and expected - 32 < int(8 * d_model / 3) <= expected
+
+
+def test_default_d_ff_asks_a_registered_class_and_passes_its_options(ffns):
+    class Wide(Doubling):
+        @classmethod
+        def default_d_ff(cls, d_model, scale=2.0, **options):
+            return int(scale * d_model)
+
+    register_ffn("wide", Wide)
+    register_ffn("wide3", Wide, scale=3.0)
+    register_ffn("plain", Doubling)
+    assert default_d_ff("wide", 10) == 20
+    assert default_d_ff("wide", 10, scale=5.0) == 50  # ffn_options reach the rule
+    assert default_d_ff("wide3", 10) == 30  # and so do the entry's own
+    assert default_d_ff("plain", 10) == 40  # no rule: 4 d_model
+    with pytest.raises(ValueError, match="d_model"):
+        default_d_ff("gelu", 0)
+    with pytest.raises(ValueError, match="unknown FFN"):
+        default_d_ff("swish", 8)

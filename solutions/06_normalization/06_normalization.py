@@ -130,7 +130,7 @@ plt.show()
 # $\beta = 0$: $2d$ parameters per LayerNorm, which is chapter 00's `norm_parameters`.
 #
 # Everything this section and the next build goes into the module `minillm/norm.py`; this
-# first cell holds its docstring, its imports and the input checks.
+# first cell holds its docstring, its imports and the check of the formulas' arguments.
 
 # %%
 #| export minillm/norm.py
@@ -142,9 +142,14 @@ positions or across the batch. Shapes: input (..., d_model) → output (..., d_m
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minillm.checks import boolean, number, positive_int
+from minillm.registry import Registry
 
 
 def _check_features(x, weight=None, bias=None) -> None:
@@ -163,21 +168,9 @@ def _check_features(x, weight=None, bias=None) -> None:
                              f"got {tuple(value.shape)}")
 
 
-def _check_input(x, d_model: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 0 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (..., d_model={d_model}), got {tuple(x.shape)}")
-
-
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_eps(eps) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < float("inf"):
-        raise ValueError(f"eps must be a non-negative finite number, got {eps!r}")
+def _check_eps(eps) -> float:
+    """eps as a float when it is a finite number >= 0 (the norms add it before a square root)."""
+    return number("eps", eps, low=0.0, high=math.inf, high_open=True)
 
 # %% [markdown]
 # ### Exercise 1 · LayerNorm from the formula
@@ -328,17 +321,14 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_eps(eps)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-        self.d_model, self.eps = d_model, float(eps)
+        positive_int("d_model", d_model)
+        boolean("bias", bias)
+        self.d_model, self.eps = d_model, _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
         self.register_parameter("bias", nn.Parameter(torch.zeros(d_model)) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -493,8 +483,10 @@ my_rms_norm = course.keep_going(
 
 # %% [markdown]
 # The module, and `build_norm`, which picks a norm by the name a model configuration uses
-# (`ModelConfig.norm`). RMSNorm has no shift, so `build_norm("rmsnorm", d, bias=True)`
-# still has $d$ parameters, as `norm_parameters` counts.
+# (`ModelConfig.norm`) from the registry `NORMS`, the same kind of registry as chapter 05's
+# FFNs, with forward references for the same reasons. RMSNorm has no shift, so
+# `build_norm("rmsnorm", d, bias=True)` still has $d$ parameters, as `norm_parameters`
+# counts.
 
 # %%
 #| export minillm/norm.py
@@ -504,38 +496,44 @@ class RMSNorm(nn.Module):
     RMSNorm(x) = x / sqrt(mean(x^2) + eps) * weight, as ``torch.nn.functional.rms_norm``.
     d_model: number of features. eps: added to the mean square. Parameter ``weight``
     (ones, d_model of them); no shift. Input (..., d_model) → output (..., d_model).
+    bias: there is no shift to learn, so it changes nothing; it is accepted so that
+    ``build_norm`` builds every norm alike from a configuration's ``bias``.
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-5):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = False):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_eps(eps)
-        self.d_model, self.eps = d_model, float(eps)
+        positive_int("d_model", d_model)
+        boolean("bias", bias)
+        self.d_model, self.eps = d_model, _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_model) → (..., d_model)."""
-        _check_input(x, self.d_model)
         return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
 
 
-NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+NORMS = Registry("norm")
+"""The normalization layers, by name: ``build_norm(name, d_model, eps, bias)`` builds one.
+
+An entry is a factory ``factory(d_model, eps=eps, bias=bias)`` returning a module that maps
+(..., d_model) to (..., d_model), or a forward reference "module:attribute" to one (chapter
+05 explains why the built-ins are). Built in: "layernorm", "rmsnorm".
+"""
+NORMS.register("layernorm", "minillm.norm:LayerNorm")
+NORMS.register("rmsnorm", "minillm.norm:RMSNorm")
 
 
 def build_norm(name: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """The normalization layer called ``name``: "layernorm" → ``LayerNorm(d_model, eps, bias)``,
-    "rmsnorm" → ``RMSNorm(d_model, eps)`` (it has no shift, so ``bias`` does not apply).
+    """The normalization layer registered as ``name``, built as ``factory(d_model, eps=eps, bias=bias)``:
+    "layernorm" → ``LayerNorm``, "rmsnorm" → ``RMSNorm`` (it has no shift, so ``bias``
+    changes nothing there).
 
     An unknown name is a ValueError that lists the known ones.
     """
-    if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; known: {', '.join(sorted(NORMS))}")
-    if name == "layernorm":
-        return LayerNorm(d_model, eps=eps, bias=bias)
-    return NORMS[name](d_model, eps=eps)
+    return NORMS.get(name)(d_model, eps=eps, bias=bias)
 
 # %% [markdown]
 # What each norm removes, measured: take one vector, then the same vector scaled by 3, and
@@ -625,7 +623,7 @@ except ValueError as error:
 # bottom untouched.
 #
 # The recursion goes into `minillm/block.py`, the module of the Transformer's layers; this
-# cell starts it, with its docstring, imports and input checks.
+# cell starts it, with its docstring and imports.
 
 # %%
 #| export minillm/block.py
@@ -644,16 +642,10 @@ from torch import nn
 
 from minillm.attention import MultiHeadAttention
 from minillm.ffn import FeedForward, build_ffn
+from minillm.checks import one_of
 from minillm.norm import LayerNorm, build_norm
 
 NORM_PLACEMENTS = ("pre", "post")
-
-
-def _check_block_input(x, d_model: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (batch, seq, d_model={d_model}), got {tuple(x.shape)}")
 
 # %% [markdown]
 # ### Exercise 3 · Gradients through a stack, by the chain rule
@@ -1023,7 +1015,6 @@ class EncoderLayer(nn.Module):
         mask: None, or a bool (True = may attend) or float (added to the scores) tensor
         broadcastable to (batch, n_heads, seq, seq); for padding, ``~padding[:, None, None, :]``.
         """
-        _check_block_input(x, self.d_model)
         h = self.norm1(x + self.dropout(self.attn(x, mask=mask)))  # MHA, then Add & Norm
         return self.norm2(h + self.ffn(h))  # Dense → activation → Dense, then Add & Norm
 
@@ -1123,6 +1114,7 @@ class TransformerBlock(nn.Module):
     rotary: None or a callable rotary(x, positions) → x for the queries and keys, such as
     chapter 03's ``RotaryEmbedding(head_dim).rotate``.
     eps: the norms'. causal: each position attends only to itself and earlier positions.
+    fused_qkv: one Linear for Q, K and V, or three (see ``MultiHeadAttention``).
 
     Submodules ``norm1``, ``attn`` (MultiHeadAttention), ``norm2``, ``ffn``. Its parameter count
     is ``minillm.config.block_parameters`` of the matching ModelConfig.
@@ -1130,14 +1122,14 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, n_kv_heads: int | None = None, norm: str = "layernorm",
                  norm_placement: str = "pre", ffn: str = "gelu", bias: bool = True, dropout: float = 0.0,
-                 attention_backend: str = "math", rotary=None, eps: float = 1e-5, causal: bool = True):
+                 attention_backend: str = "math", rotary=None, eps: float = 1e-5, causal: bool = True,
+                 fused_qkv: bool = True):
         super().__init__()
-        if norm_placement not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        one_of("norm_placement", norm_placement, NORM_PLACEMENTS)
         self.d_model, self.norm_placement = d_model, norm_placement
         self.norm1 = build_norm(norm, d_model, eps=eps, bias=bias)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout,
-                                       backend=attention_backend, causal=causal, rotary=rotary)
+                                       backend=attention_backend, causal=causal, rotary=rotary, fused_qkv=fused_qkv)
         self.norm2 = build_norm(norm, d_model, eps=eps, bias=bias)
         self.ffn = build_ffn(ffn, d_model, d_ff, bias=bias, dropout=dropout)
         self.dropout = nn.Dropout(dropout)
@@ -1152,7 +1144,6 @@ class TransformerBlock(nn.Module):
         mask, positions, kv_cache: passed to ``self.attn`` (see ``MultiHeadAttention.forward``):
         an extra mask (True = may attend), the tokens' positions for rotary embeddings, a KV cache.
         """
-        _check_block_input(x, self.d_model)
         ### BEGIN SOLUTION
         if self.norm_placement == "pre":
             x = x + self.dropout(self.attn(self.norm1(x), mask=mask, positions=positions, kv_cache=kv_cache))
