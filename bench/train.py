@@ -95,7 +95,7 @@ class Runner:
     """A model, its AdamW and a fixed batch; ``seconds(steps)`` times that many training steps."""
 
     def __init__(self, model, batch):
-        self.model, self.x, self.y = model, batch[:, :-1], batch[:, 1:]
+        self.model, self.x, self.y = model, batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
         self.seconds(2)  # the first steps allocate (and create AdamW's state)
 

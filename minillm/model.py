@@ -279,11 +279,12 @@ class GPT(nn.Module):
         for ``last_aux_losses``, detached (read as floats only when asked, outside the graph)."""
         total, parts = None, {}
         for module in self.modules():
-            aux_loss = getattr(module, "aux_loss", None)
+            attributes = vars(module)  # not getattr: nn.Module's lookup of a missing name is slow
+            aux_loss = attributes.get("aux_loss")
             if aux_loss is None:
                 continue
             total = aux_loss if total is None else total + aux_loss
-            for name, value in (getattr(module, "aux_losses", None) or {}).items():
+            for name, value in (attributes.get("aux_losses") or {}).items():
                 parts[name] = value.detach() + parts[name] if name in parts else value.detach()
         if total is not None:
             parts["aux_loss"] = total.detach()

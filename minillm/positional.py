@@ -32,6 +32,7 @@ row each (a left-padded batch, where each row counts its own tokens).
 import math
 
 import torch
+import torch.nn.functional as F
 
 from minillm.checks import eager_only, positive_int, positive_number
 from minillm.registry import Registry
@@ -101,7 +102,7 @@ class LearnedPositionalEmbedding(torch.nn.Module):
         if eager_only() and positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"positions must lie in [0, max_len={self.max_len}), got up to {int(positions.max())}: "
                              "the sequence is longer than the context this layer was built for")
-        return self.weight[positions.long()]
+        return F.embedding(positions.long(), self.weight)
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, d_model={self.d_model}"
@@ -138,7 +139,7 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
             needed = int(positions.max()) + 1  # grow the cached table; the formula has no maximum
             self.table = sinusoidal_encoding(max(needed, 2 * self.table.shape[0]), self.d_model, base=self.base,
                                              dtype=self.table.dtype, device=self.table.device)
-        return self.table[positions.long()]
+        return F.embedding(positions.long(), self.table)
 
 
 def check_positions(positions) -> None:
