@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.checks import boolean, positive_int, probability
+from minillm.checks import boolean, integer, non_negative_int, positive_int, probability
 from minillm.markers import mark_residual_projection
 from minillm.registry import Registry
 
@@ -45,11 +45,8 @@ def causal_mask(seq_len: int, device=None, *, k_len: int | None = None) -> torch
     ``seq_len``; a larger ``k_len`` means ``k_len - seq_len`` earlier keys are cached), so
     query i may attend to key j when j <= i + k_len - seq_len.
     """
-    k_len = seq_len if k_len is None else k_len
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
-    if not isinstance(k_len, int) or k_len < seq_len:
-        raise ValueError(f"k_len must be an int >= seq_len ({seq_len}), got {k_len!r}")
+    positive_int("seq_len", seq_len)
+    k_len = seq_len if k_len is None else integer("k_len", k_len, least=seq_len)
     return torch.ones(seq_len, k_len, dtype=torch.bool, device=device).tril(diagonal=k_len - seq_len)
 
 
@@ -142,8 +139,7 @@ def kv_cache_bytes(config, batch_size: int, seq_len: int, bytes_per_element: int
     Equals 2 * n_layers * batch_size * seq_len * n_kv_heads * head_dim * bytes_per_element.
     """
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("bytes_per_element", bytes_per_element)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        non_negative_int(name, value)
     per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_element
     return batch_size * seq_len * per_token
 
@@ -315,9 +311,9 @@ class MultiHeadAttention(nn.Module):
         positive_int("n_heads", n_heads)
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
-            raise ValueError(f"n_kv_heads ({n_kv_heads!r}) must be a positive int dividing n_heads ({n_heads})")
+        n_kv_heads = n_heads if n_kv_heads is None else positive_int("n_kv_heads", n_kv_heads)
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         probability("dropout", dropout)
         for name, flag in (("bias", bias), ("causal", causal), ("fused_qkv", fused_qkv)):
             boolean(name, flag)

@@ -59,8 +59,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  eps: float = 1e-5):
         super().__init__()
-        if activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu' (the sleeve's GELU/ReLU), got {activation!r}")
+        one_of("activation", activation, ("relu", "gelu"))  # the sleeve's GELU/ReLU
         self.d_model = d_model
         self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, causal=False)
         self.norm1 = LayerNorm(d_model, eps=eps)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.checks import non_negative_int, positive_int, probability
+from minillm.checks import non_negative_int, positive_int, positive_number, probability
 from minillm.markers import mark_residual_projection
 from minillm.registry import Registry
 
@@ -118,8 +118,7 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
     positive_int("multiple_of", multiple_of)
     hidden = int(2 * (4 * d_model) / 3)
     if ffn_dim_multiplier is not None:
-        if isinstance(ffn_dim_multiplier, bool) or not isinstance(ffn_dim_multiplier, (int, float)) or ffn_dim_multiplier <= 0:
-            raise ValueError(f"ffn_dim_multiplier must be a positive number or None, got {ffn_dim_multiplier!r}")
+        positive_number("ffn_dim_multiplier", ffn_dim_multiplier)
         hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 

@@ -144,7 +144,7 @@ def test_encoder_layer_is_post_norm_bidirectional_and_counted():
 
 
 def test_encoder_layer_rejects_other_activations():
-    with pytest.raises(ValueError, match="activation must be 'relu' or 'gelu'"):
+    with pytest.raises(ValueError, match=r"activation must be one of \('relu', 'gelu'\)"):
         EncoderLayer(16, 2, 32, activation="swiglu")
 
 
@@ -450,3 +450,22 @@ def test_block_accepts_the_course_rotary_embedding():
     torch.testing.assert_close(ours(x), by_hand(x), atol=1e-5, rtol=1e-5)
     shifted = torch.arange(3, 10)
     torch.testing.assert_close(ours(x, positions=shifted), by_hand(x, positions=shifted), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- compiled, in one graph
+
+@pytest.mark.parametrize("attention_backend", ["math", "sdpa"])
+@pytest.mark.parametrize("ffn", ["gelu", "swiglu"])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("norm_placement", ["pre", "post"])
+def test_block_compiles_without_graph_breaks(norm_placement, norm, ffn, attention_backend):
+    """No check reads a tensor's values and nothing leaves the graph inside a block, so
+    torch.compile sees each block whole (chapters 08-10 time compiled models)."""
+    torch._dynamo.reset()
+    block = TransformerBlock(16, 4, 32, n_kv_heads=2, norm=norm, norm_placement=norm_placement, ffn=ffn,
+                             attention_backend=attention_backend)
+    x = torch.randn(2, 5, 16)
+    for mask in (None, torch.tensor([True, True, False, True, True])[None, None, None, :]):
+        explanation = torch._dynamo.explain(block)(x, mask=mask)
+        assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    torch._dynamo.reset()
