@@ -32,11 +32,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    from minillm import train as training
+def _registered(component: str) -> tuple[str, ...]:
+    """The names registered for a model component ("positions", "norm", "ffn"): what a config accepts."""
     from minillm.ffn import FFNS
     from minillm.norm import NORMS
     from minillm.positional import POSITIONS
+
+    return {"positions": POSITIONS, "norm": NORMS, "ffn": FFNS}[component].names()
+
+
+def _parser() -> argparse.ArgumentParser:
+    from minillm import train as training
 
     recipe = training.DEFAULT_RECIPE
     parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__.split("\n\n")[1].strip(),
@@ -64,10 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=_positive_int, default=recipe["n_layers"], help="(default: %(default)s)")
     t.add_argument("--heads", type=_positive_int, default=recipe["n_heads"], help="(default: %(default)s)")
     t.add_argument("--dropout", type=float, default=recipe["dropout"], help="(default: %(default)s)")
-    t.add_argument("--positions", choices=POSITIONS.names(), default=recipe["positions"],
+    t.add_argument("--positions", choices=_registered("positions"), default=recipe["positions"],
                    help="(default: %(default)s)")
-    t.add_argument("--norm", choices=NORMS.names(), default=recipe["norm"], help="(default: %(default)s)")
-    t.add_argument("--ffn", choices=FFNS.names(), default=recipe["ffn"],
+    t.add_argument("--norm", choices=_registered("norm"), default=recipe["norm"], help="(default: %(default)s)")
+    t.add_argument("--ffn", choices=_registered("ffn"), default=recipe["ffn"],
                    help="(default: %(default)s; gelu_tanh is GPT-2's approximation)")
     t.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     t.add_argument("--threads", type=_positive_int, default=None,

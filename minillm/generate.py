@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from minillm.attention import ConcatCache
 from minillm.checks import boolean, eager_only, non_negative_int, positive_int
+from minillm.model import check_attention_mask, check_token_batch
 from minillm.sampling import check_sampling_arguments, sample_next
 
 
@@ -37,22 +38,6 @@ class ConcatModelCache:
         return self.layers[index]
 
 
-def _check_ids(ids) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
-
-
-def _check_attention_mask(attention_mask, ids: torch.Tensor) -> None:
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-        raise TypeError("attention_mask must be a bool tensor (True for a real token, False for padding), "
-                        f"got {getattr(attention_mask, 'dtype', type(attention_mask).__name__)}")
-    if attention_mask.shape != ids.shape:
-        raise ValueError(f"attention_mask must have ids' shape {tuple(ids.shape)}, got {tuple(attention_mask.shape)}")
-    if eager_only() and not bool(attention_mask[:, -1].all()):
-        raise ValueError("attention_mask must be True at the end of every row: pad the prompts on the left, "
-                         "since each row is continued after its last token")
 
 
 @torch.no_grad()
@@ -74,12 +59,15 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     generator: a seeded ``torch.Generator`` makes the draws reproducible.
     The model runs in eval mode (no dropout) and is put back in its previous mode.
     """
-    _check_ids(ids)
+    check_token_batch(ids)
     non_negative_int("max_new_tokens", max_new_tokens)
     boolean("use_cache", use_cache)
     check_sampling_arguments(temperature, top_k, top_p)
     if attention_mask is not None:
-        _check_attention_mask(attention_mask, ids)
+        check_attention_mask(attention_mask, tuple(ids.shape), "ids' shape")
+        if eager_only() and not bool(attention_mask[:, -1].all()):
+            raise ValueError("attention_mask must be True at the end of every row: pad the prompts on the left, "
+                             "since each row is continued after its last token")
     context = model.config.context_length
     if kv_cache is None and use_cache:
         kv_cache = ConcatModelCache(model.config.n_layers)

@@ -294,10 +294,7 @@ class GPT(nn.Module):
     def _check_inputs(self, ids, targets, kv_cache, attention_mask) -> int:
         """Check forward's arguments (types, shapes, lengths; the ids' values are checked by the
         embedding) and return the number of cached positions."""
-        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+        check_token_batch(ids)
         batch, seq = ids.shape
         start = 0
         if kv_cache is not None:
@@ -310,12 +307,7 @@ class GPT(nn.Module):
             raise ValueError(f"ids holds {seq} positions{cached}, more than the context length "
                              f"{context}: crop the input to its last {context - start} tokens")
         if attention_mask is not None:
-            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-                raise TypeError("attention_mask must be a bool tensor (True for a real token, False for padding), "
-                                f"got {getattr(attention_mask, 'dtype', type(attention_mask).__name__)}")
-            if attention_mask.shape != (batch, start + seq):
-                raise ValueError(f"attention_mask must have shape (batch, cached + seq) = ({batch}, {start + seq}), "
-                                 f"got {tuple(attention_mask.shape)}")
+            check_attention_mask(attention_mask, (batch, start + seq), "(batch, cached + seq)")
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != ids.shape:
                 raise ValueError(f"targets must be a tensor of ids' shape {tuple(ids.shape)}, "
@@ -323,6 +315,24 @@ class GPT(nn.Module):
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor, got {targets.dtype}")
         return start
+
+
+def check_token_batch(ids) -> None:
+    """Refuse ids that are not an integer tensor of shape (batch, seq) with seq >= 1."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+
+
+def check_attention_mask(attention_mask, shape: tuple[int, int], described: str = "(batch, seq)") -> None:
+    """Refuse an attention mask that is not a bool tensor of ``shape`` (``described`` says what it is)."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
+        raise TypeError("attention_mask must be a bool tensor (True for a real token, False for padding), "
+                        f"got {getattr(attention_mask, 'dtype', type(attention_mask).__name__)}")
+    if attention_mask.shape != shape:
+        raise ValueError(f"attention_mask must have shape {described} = {tuple(shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
 
 
 def count_parameters(config: GPTConfig, *, active: bool = False, non_embedding: bool = False) -> int:
