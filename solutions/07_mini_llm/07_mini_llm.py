@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minillm import course, data
-from minillm.config import count_parameters
+from minillm.config import count_parameters as chapter_00_count  # chapter 00's formula; this chapter writes the model's own
 
 device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its models are small
 torch.set_num_threads(1)  # this chapter's models are small: one thread is as fast, and robust on a busy machine
@@ -560,7 +560,7 @@ gqa = reference_model.GPTConfig(**{**recipe.to_dict(), "n_kv_heads": 2, "tie_emb
 for name, cfg in (("course default", recipe), ("GPT-2 style", gpt2_style), ("GQA, untied", gqa)):
     built = reference_model.GPT(cfg)
     n_built = sum(p.numel() for p in built.parameters())
-    print(f"{name:15s} chapter 00 {count_parameters(cfg):>9,d} · model.count_parameters "
+    print(f"{name:15s} chapter 00 {chapter_00_count(cfg):>9,d} · model.count_parameters "
           f"{reference_model.count_parameters(cfg):>9,d} · built {n_built:>9,d} · {cfg.positions}, {cfg.norm}, "
           f"{cfg.ffn} (d_ff {cfg.d_ff}), n_kv_heads {cfg.n_kv_heads}")
 print(f"course default without the embedding table: "
