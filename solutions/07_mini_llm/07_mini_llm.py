@@ -333,9 +333,11 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2's initialization: weights N(0, init_std²), residual projections (the modules
-        marked by ``mark_residual_projection``) N(0, init_std² / (2 n_layers)), biases 0,
-        norms 1 (their own initialization)."""
+        """GPT-2's initialization: the weights of every ``nn.Linear`` and of the embedding
+        tables N(0, init_std²); residual projections (the modules marked by
+        ``mark_residual_projection``, whatever their type) N(0, init_std² / (2 n_layers));
+        their biases 0. Other modules (the norms, a component's own parameters) keep the
+        initialization they gave themselves."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.n_layers)
         for module in self.modules():
