@@ -114,8 +114,8 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 
     LLaMA-7B: swiglu_hidden_size(4096) == 11008.
     """
-    positive_int("d_model", d_model)
-    positive_int("multiple_of", multiple_of)
+    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
+        positive_int(name, value)
     hidden = int(2 * (4 * d_model) / 3)
     if ffn_dim_multiplier is not None:
         positive_number("ffn_dim_multiplier", ffn_dim_multiplier)
@@ -166,8 +166,8 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
     "swiglu"); ``training`` adds the backward pass, twice the forward. Biases and
     activations are left out.
     """
-    positive_int("d_model", d_model)
-    positive_int("d_ff", d_ff)
+    for name, size in (("d_model", d_model), ("d_ff", d_ff)):
+        positive_int(name, size)
     non_negative_int("n_tokens", n_tokens)
     matrices = {"gelu": 2, "relu": 2, "gelu_tanh": 2, "swiglu": 3}
     if ffn not in matrices:

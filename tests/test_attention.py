@@ -527,6 +527,21 @@ def test_backends_are_looked_up_in_the_module_at_every_call(monkeypatch):
     assert torch.equal(layer(torch.randn(2, 3, 16)), torch.zeros(2, 3, 16)) and calls == [True]
 
 
+def test_the_math_backend_runs_the_chapters_exercises(monkeypatch):
+    """In a student bundle the learner's answers stand in the module: "math" must call them
+    (repeat_kv and softmax always, scaled_dot_product_attention whenever a mask is given)."""
+    calls = []
+    for name in ("repeat_kv", "softmax", "scaled_dot_product_attention"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    q, k, v = randn(1, 4, 3, 8), randn(1, 2, 3, 8, seed=1), randn(1, 2, 3, 8, seed=2)
+    attention.math_attention(q, k, v, causal=True)
+    assert calls == ["repeat_kv", "repeat_kv", "softmax"]
+    calls.clear()
+    attention.math_attention(q, k, v, mask=torch.ones(3, dtype=torch.bool), causal=True)
+    assert calls[:3] == ["repeat_kv", "repeat_kv", "scaled_dot_product_attention"]
+
+
 @pytest.mark.parametrize("name, module", [("flash", "minillm.flash"), ("triton", "minillm.flash_triton")])
 def test_chapter_10_backends_are_declared_and_name_their_chapter_where_missing(monkeypatch, name, module):
     assert name in attention.ATTENTION_BACKENDS

@@ -2,6 +2,10 @@
 the chapters due; nothing an instructor keeps private ships."""
 import ast
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -135,3 +139,113 @@ def test_keep_going_checks_never_call_the_reference_they_stand_in_for(slug):
                 reference = ast.unparse(node.args[2])
                 check = ast.unparse(node.args[3] if len(node.args) > 3 else next(k.value for k in node.keywords if k.arg == "check"))
                 assert reference not in check, f"{slug}: the check of {reference} calls {reference}"
+
+
+# ---------------------------------------------------------------- registered answers reach the model
+
+def _run_in_bundle(folder: Path, code: str) -> str:
+    """Run ``code`` in a fresh interpreter that imports only the bundle's minillm; its stdout."""
+    code = f"import minillm\nassert minillm.__file__.startswith({str(folder)!r}), minillm.__file__\n" + textwrap.dedent(code)
+    result = subprocess.run([sys.executable, "-c", code], cwd=folder, env={**os.environ, "PYTHONPATH": str(folder)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def ffn_not_due(tmp_path_factory) -> Path:
+    """Chapter 05 handed out, 04 due; SwiGLU made one of the learner's exercises.
+
+    Chapter 05's SwiGLU is given code, not an exercise; a later chapter's registered
+    component is one (chapter 11's MoEFeedForward, chapter 10's kernels). So the learner
+    notebook's SwiGLU cell is marked as an answer cell, as such a chapter's would be, and
+    the bundle is built from it by the real path: its exercise names, its stub module.
+    """
+    learner = nbformat.read(paths.release_notebook("05_feed_forward"), as_version=4)
+    cells = [cell for cell in learner.cells if cell.cell_type == "code" and "\nclass SwiGLU(" in cell.source]
+    assert len(cells) == 1
+    cells[0].metadata["nbgrader"] = {"grade": False, "grade_id": "SwiGLU_module", "locked": False,
+                                     "schema_version": 3, "solution": True, "task": False}
+    marked = tmp_path_factory.mktemp("learner") / "05_feed_forward.ipynb"
+    nbformat.write(learner, marked)
+    real = paths.release_notebook
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(paths, "release_notebook", lambda slug: marked if slug == "05_feed_forward" else real(slug))
+        return bundle.build("05", tmp_path_factory.mktemp("dist"), due="04")
+
+
+def test_a_learners_registered_answer_is_what_the_registry_builds(ffn_not_due):
+    """The FFN registry holds forward references, so after install_answers (what a
+    keep-going cell and every notebook cell do in a bundle) build_ffn builds the learner's
+    class, and the package's own SwiGLU rule calls the learner's swiglu_hidden_size."""
+    out = _run_in_bundle(ffn_not_due, """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+        from minillm import course, ffn
+
+        assert {"SwiGLU", "swiglu_hidden_size"} <= set(ffn.__learner_exercises__)
+        given = type(ffn.build_ffn("swiglu", 8, 16))
+        try:
+            ffn.default_d_ff("swiglu", 128)
+            raise AssertionError("the stub of swiglu_hidden_size should not work yet")
+        except NotImplementedError:
+            pass
+
+        def swiglu_hidden_size(d_model, multiple_of=256, ffn_dim_multiplier=None):
+            hidden = int(8 * d_model / 3)
+            if ffn_dim_multiplier is not None:
+                hidden = int(ffn_dim_multiplier * hidden)
+            return -(-hidden // multiple_of) * multiple_of
+
+        class SwiGLU(nn.Module):
+            # the learner's own: gate and value in one fused Linear
+            def __init__(self, d_model, d_ff, bias=False, dropout=0.0):
+                super().__init__()
+                self.d_ff = d_ff
+                self.up = nn.Linear(d_model, 2 * d_ff, bias=bias)
+                self.down = nn.Linear(d_ff, d_model, bias=bias)
+                self.dropout = nn.Dropout(dropout)
+
+            @classmethod
+            def default_d_ff(cls, d_model, **options):
+                return swiglu_hidden_size(d_model, multiple_of=32)
+
+            def forward(self, x):
+                gate, value = self.up(x).chunk(2, dim=-1)
+                return self.dropout(self.down(F.silu(gate) * value))
+
+        namespace = {"SwiGLU": SwiGLU, "swiglu_hidden_size": swiglu_hidden_size}
+        assert sorted(course.install_answers(namespace)) == ["SwiGLU", "swiglu_hidden_size"]
+        module = ffn.build_ffn("swiglu", 8, 16, bias=True)
+        assert type(module) is SwiGLU and type(module) is not given, type(module)
+        x = torch.randn(3, 8)
+        gate, value = (x @ module.up.weight.T + module.up.bias).chunk(2, dim=-1)
+        expected = (F.silu(gate) * value) @ module.down.weight.T + module.down.bias
+        torch.testing.assert_close(module(x), expected)
+        print("default_d_ff", ffn.default_d_ff("swiglu", 128))
+    """)
+    assert out.strip() == "default_d_ff 352"
+
+
+def test_a_later_chapters_name_names_its_chapter_in_a_bundle(ffn_not_due):
+    out = _run_in_bundle(ffn_not_due, """
+        from minillm.attention import MultiHeadAttention, get_attention_backend
+        from minillm.ffn import available_ffns, build_ffn
+
+        assert "moe" in available_ffns()
+        for attempt in (lambda: build_ffn("moe", 8, 16), lambda: get_attention_backend("flash"),
+                        lambda: MultiHeadAttention(16, 4, backend="triton")):
+            try:
+                attempt()
+                raise AssertionError("a later chapter's name should not resolve in this bundle")
+            except ValueError as error:
+                print(error)
+    """)
+    assert out.splitlines() == [
+        "FFN 'moe' comes from chapter 11_mixture_of_experts (minillm.moe), which this installation of minillm does not have",
+        "attention backend 'flash' comes from chapter 10_flash_attention (minillm.flash), which this installation of "
+        "minillm does not have",
+        "attention backend 'triton' comes from chapter 10_flash_attention (minillm.flash_triton), which this "
+        "installation of minillm does not have",
+    ]

@@ -1244,30 +1244,31 @@ def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
 
 
 def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The "math" backend (contract: ``ATTENTION_BACKENDS``): attention written out with this
-    chapter's ``repeat_kv`` and ``softmax``, dropout on the weights.
+    """The "math" backend (contract: ``ATTENTION_BACKENDS``), from this chapter's pieces: the
+    K/V heads repeated by ``repeat_kv``, then Exercise 2's ``scaled_dot_product_attention``
+    when a mask is given, else the scores and ``softmax`` directly; dropout on the weights.
 
-    It computes what ``scaled_dot_product_attention`` computes on the repeated heads. The
-    zeros for fully masked queries cost passes over the scores, paid only when a mask is
-    given: the causal mask alone never blocks a whole query.
+    Without a mask no query is blocked from every key (the causal triangle keeps each
+    query's own position), so that path skips the guard against fully masked queries and
+    its passes over the scores.
     """
     n_rep = _kv_groups(q, k)
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     q_len, k_len = q.shape[-2], k.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    causal = causal and q_len > 1  # a single query is the last position: it may see every key
     if mask is not None:
         mask = _checked_mask(mask, q, k)
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    if causal and q_len > 1:  # a single query is the last position: it may see every key
-        scores = scores.masked_fill(~causal_mask(q_len, q.device, k_len=k_len), float("-inf"))
-    if mask is None:
-        weights = softmax(scores, dim=-1)
+        if causal:
+            mask = _with_causal(mask, q_len, k_len, q.device)
+        if dropout_p == 0.0:
+            return scaled_dot_product_attention(q, k, v, mask=mask)
+        weights = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)[1]
     else:
-        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        weights = softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, dropout_p)
-    return weights @ v
+        scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
+        if causal:
+            scores = scores.masked_fill(~causal_mask(q_len, q.device, k_len=k_len), float("-inf"))
+        weights = softmax(scores, dim=-1)
+    return (F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights) @ v
 
 
 def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -1449,9 +1450,9 @@ class MultiHeadAttention(nn.Module):
         return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask=mask, return_weights=True)[1]
 
 # %% [markdown]
-# `MultiHeadAttention` above calls your `split_heads` and `merge_heads`, through the
-# "math" backend your `repeat_kv` and `softmax`, and in `attention_weights` your
-# `scaled_dot_product_attention`. The cell below
+# `MultiHeadAttention` above calls your `split_heads` and `merge_heads`, and through the
+# "math" backend your `repeat_kv`, your `softmax` and, whenever a mask is given, your
+# `scaled_dot_product_attention` (`attention_weights` always uses it). The cell below
 # compares it with the course's reference on a small grouped-query case and binds `MHA`
 # to the class that works.
 

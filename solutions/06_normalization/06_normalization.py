@@ -947,26 +947,32 @@ for residual in (False, True):
 
 # %% [markdown]
 # Left: at the first step, the gradient that reaches layer 1 of the plain stack is about
-# four orders of magnitude smaller than the one at layer 20 ($7 \times 10^{-5}$); the
-# residual stack's gradients are of the same size at every depth. (For this seed the plain
-# stack's gap widens during training; with seeds 1 and 2 it narrows again, to $10^{-2}$ and
-# $10^{-4}$ (try `train_stack(False, DEPTH, STACK_STEPS, seed=1)`), so do not read much
-# into the dashed line.) Right (in full mode, 300 steps):
-# the plain stack's loss stalls at the level of a model that only knows character
-# frequencies (the dotted line), as it does with seeds 1 and 2 (3.32 and 3.28).
+# four orders of magnitude smaller than the one at layer 20 (the printed "first step";
+# $3 \times 10^{-5}$ to $10^{-4}$ over seeds 0 to 4); the residual stack's gradients are of
+# the same size at every depth. Do not read much into the plain stack's dashed line, the
+# last step: once the stack has learned to ignore its input, tiny rounding differences
+# decide how much gradient still leaks down, so that ratio changes with the seed and even
+# with the CPU's vector instructions (over seeds 0 to 4 and three instruction sets we saw
+# anything from $10^{-8}$ to above 1; try `train_stack(False, DEPTH, STACK_STEPS, seed=1)`).
+# Right (in full mode, 300 steps): the plain stack's loss stalls at, or a little below,
+# the level of a model that only knows character frequencies (the dotted line): 3.27 to
+# 3.33 over seeds 0 to 4 in every run we tried.
 #
 # Why does it stall? Not because the lower layers stop moving. Adam divides each weight's
 # step by the typical size of that weight's own recent gradients, so a gradient $10^{4}$
-# times smaller still gets a step of about the learning rate: the printout shows layer 1's
-# weights moving 22% away from their initial values, about as far as layer 20's. They move,
+# times smaller still gets a step of about the learning rate: the printed "weights moved"
+# shows layer 1 of the plain stack moving tens of percent away from its initial values, as
+# layer 20 does and no less than the residual stack's layers (17% to 36% for the plain
+# stack's layer 1 in every run we tried, 21% to 24% for the residual stack's). They move,
 # but the output hardly depends on them: the product of small Jacobians that shrinks the
 # gradient on its way down shrinks, on its way up, everything that comes from below,
 # including the context. The prediction change measures that: replacing the 8 context
-# characters by random ones leaves the plain stack's predictions where they were (0.00),
-# so it can do no better than character frequencies, while it moves the residual stack's
-# by 0.65. (The distance is the total variation: half the summed absolute difference of the
-# two predicted distributions, 0 when they agree and 1 when they share nothing.) The residual stack learns from the
-# start. Same layers, same initialization, same data: the only difference is the `h +`.
+# characters by random ones barely moves the plain stack's predictions (at most 0.09 in
+# every run we tried, 0.00 in most), so it does little better than character frequencies,
+# while it moves the residual stack's by 0.65 or more. (The distance is the total
+# variation: half the summed absolute difference of the two predicted distributions, 0 when
+# they agree and 1 when they share nothing.) The residual stack learns from the start.
+# Same layers, same initialization, same data: the only difference is the `h +`.
 #
 # ## Add & Norm: the sleeve's encoder layer
 #
@@ -1526,13 +1532,17 @@ for label in RUNS:
 #
 # - **Post-norm without warm-up fails.** Within a few dozen steps its loss drops to the
 #   dotted line, the loss of predicting character frequencies while ignoring the context,
-#   and stays there (3.29 to 3.33 over seeds 0 to 4). The prediction change says it
-#   literally: replacing every input character by a random one leaves its predictions as
-#   they were. The right panel shows the gradient that reaches each block. For seed 0 the
-#   one at block 1 is about $10^{-7}$ of the one at block 12, shrinking by a similar factor
-#   per block; the size of that collapse depends on the seed (seed 1: $10^{-2}$, mostly lost
-#   in the top three blocks; seeds 2 to 4: $10^{-4}$, $10^{-3}$, $10^{-5}$), the failure does
-#   not.
+#   and stays at or just below it (3.25 to 3.33 over seeds 0 to 4, in every run we tried).
+#   The prediction change says it almost literally: replacing every input character by a
+#   random one leaves its predictions nearly as they were (at most 0.12, 0.00 in most runs,
+#   against 0.60 or more for the two models that train). The right panel shows the gradient
+#   that reaches each block: in the stuck model it falls steeply through the top blocks, and
+#   the table's block-1 ratio is at most $5 \times 10^{-2}$ in every run we tried, against
+#   0.7 to 8 for the other two. How deep the collapse goes is fragile: it depends on the
+#   seed ($10^{-5}$ to $10^{-2}$ over seeds 1 to 4) and, for seed 0, even on the CPU's
+#   vector instructions ($5 \times 10^{-2}$, $10^{-5}$ and $10^{-7}$ with PyTorch's AVX-512,
+#   plain and AVX2 kernels), because in a model that ignores its input rounding decides how
+#   much gradient still leaks down. The failure depends on neither.
 # - **What the small gradient means.** It does not mean that the lower blocks stop moving:
 #   Adam divides each weight's step by the size of that weight's own recent gradients, so
 #   a gradient $10^{-3}$ as large still gets a step of about the learning rate (the plain
@@ -1541,15 +1551,15 @@ for label in RUNS:
 #   same chain of norms that shrinks the gradient on its way down shrinks every change
 #   from below on its way up, the input characters included. In a post-norm block each
 #   norm divides its input by that input's standard deviation; the last column shows what
-#   the norms receive after training: sums well above size 1 near the top of the stuck
-#   model (each of those norms scales what passes through it down by that factor), sums
-#   near 1 in the one that trained with warm-up. The early, full-size Adam steps pushed the
-#   stack into that state: the vanishing influence of the plain stack, back, although
-#   every block has a residual connection. The norm that sits on the residual path blocks
-#   it.
+#   the norms receive after training: at the last norm of the stuck model, sums of size 3.5
+#   or more in every run we tried (each of those norms scales what passes through it down
+#   by that factor), against about 1.5 in the one that trained with warm-up. The early,
+#   full-size Adam steps pushed the stack into that state: the vanishing influence of the
+#   plain stack, back, although every block has a residual connection. The norm that sits
+#   on the residual path blocks it.
 # - **With warm-up, post-norm trains**, to within 0.09 to 0.14 nats of pre-norm (seeds 0 to
-#   4: 2.54 to 2.62 against 2.44 to 2.48): small early steps avoid the collapse, and the
-#   gradients stay of similar size in every block.
+#   4: 2.54 to 2.61 against 2.44 to 2.48, in every run we tried): small early steps avoid
+#   the collapse, and the gradients stay of similar size in every block.
 # - **Pre-norm trains without warm-up**, fastest of the three and lowest in every seed, with
 #   the gradients of all blocks within a factor of about 10 of each other (the lower blocks
 #   get a little more): its residual stream is a clean identity path. Its norms see a
@@ -1559,9 +1569,10 @@ for label in RUNS:
 # (In quick mode the model has 4 layers and 30 steps, far too few to show anything; run the
 # notebook in full mode to see it.) Change `lr` in `train_lm` to see the boundary move: at
 # $10^{-3}$ all three runs train alike (2.55 to 2.63 after 240 steps, seeds 0 and 1); at
-# $10^{-2}$ post-norm fails even with the warm-up (3.30 and 3.23) while pre-norm still
-# trains (2.48 and 2.45). Warm-up buys post-norm a higher learning rate; pre-norm gets it
-# for free.
+# $10^{-2}$ the warm-up no longer rescues post-norm (with seed 0 it stays at the
+# character-frequency loss; with seed 1 it stays there too or reaches only about 2.85,
+# depending on the CPU) while pre-norm still trains (2.48 and 2.45). Warm-up buys post-norm
+# a higher learning rate; pre-norm gets it for free.
 #
 # ### Written question 2
 #
@@ -1582,7 +1593,8 @@ for label in RUNS:
 # input (with $\gamma \approx 1$): when the sums grow (the
 # sub-layers' outputs get large after a few big updates), every norm shrinks the gradient,
 # and over the 24 norms of 12 blocks the product vanishes, as the right panel shows
-# (ten-million-fold for seed 0, at least a hundredfold for every seed we ran). The same
+# (block 1 gets at most a twentieth of block 12's gradient in every run we tried, far
+# less in most). The same
 # product shrinks, on the way up, the influence of the input on the output, which is why
 # the stuck model predicts character frequencies whatever it reads. At
 # initialization post-norm's gradients are also largest near the output, so full-size
@@ -1661,8 +1673,8 @@ for call, attempt in bad_calls.items():
 #
 # **What is right:** that is the 2017 layer exactly; our `EncoderLayer` follows the drawing
 # box by box and computes what `torch.nn.TransformerEncoderLayer` computes. "Add" is the
-# residual connection, without which a deep stack does not train at all (the 20-layer
-# stack above), and "Norm" is what keeps the scale of the activations from drifting.
+# residual connection, without which a deep stack barely learns (the 20-layer stack
+# above), and "Norm" is what keeps the scale of the activations from drifting.
 #
 # **What is loose:** *where* the norm sits. The sleeve normalizes after the add
 # (post-norm), as the 2017 paper, GPT-1 and BERT do. GPT-2 (2019) moved it before each
