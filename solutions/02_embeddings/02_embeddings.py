@@ -262,7 +262,7 @@ class TokenEmbedding(torch.nn.Module):
         """The tied output head: (..., d_model) → (..., vocab_size) scores, x @ weight.T."""
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must end with d_model={self.d_model}, got shape {tuple(x.shape)}")
-        return x @ self.weight.T
+        return F.linear(x, self.weight)  # x @ weight.T, as one fused call (what nn.Linear does)
 
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.d_model}, scale={self.scale}"

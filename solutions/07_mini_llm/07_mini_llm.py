@@ -1983,8 +1983,6 @@ class ConcatModelCache:
         return self.layers[index]
 
 
-
-
 @torch.no_grad()
 def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, kv_cache=None, use_cache: bool = False,
