@@ -1,10 +1,17 @@
-"""Training throughput of minillm's GPT against a plain PyTorch GPT of the same shape.
+"""Training throughput of minillm's GPT against nanoGPT's model of the same shape.
 
-Prints training tokens per second (forward, backward and AdamW step) for the package's
-model (the recipe of `make train`) and for a plain, nanoGPT-style model written below, the
-ratio of the two (measured side by side, interleaved, in this run), and the model FLOPs
-utilization (MFU): model FLOPs per second over the machine's own float32 matmul rate,
-also measured in this run. Usage: python bench/train.py [--steps N] [--batch-size B]
+The baseline is nanoGPT's model (Karpathy, 2022) written out below: one fused ``c_attn``
+Linear, ``F.scaled_dot_product_attention(..., is_causal=True)``, ``F.layer_norm``,
+``nn.GELU``, learned positions, tied embeddings, no biases, d_ff = 4 d_model. The package's
+GPT is ``GPTConfig``'s defaults with only the shape set (no biases included), so both
+have the same 935,040 parameters (asserted). Each step is forward, backward and an AdamW
+step on a fixed batch.
+
+The models are timed in short interleaved rounds, so that a change in the machine's load
+hits both alike; the table gives the median over the rounds of each round's ratio, and
+its range. The baseline is also timed against a second copy of itself: the spread of that
+ratio around 1 is the noise floor of the measurement. Usage:
+python bench/train.py [--rounds 9] [--steps 5] [--threads 2] [--profile]
 """
 import argparse
 import math
@@ -15,118 +22,143 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.model import GPT
-from minillm.recipe import DEFAULT_RECIPE, recipe_config
-from minillm.train import build_optimizer
+from minillm.model import GPT, GPTConfig
+
+SHAPE = dict(vocab_size=1024, context_length=128, d_model=128, n_layers=4, n_heads=4, bias=False)
+BATCH_SIZE = 16
+PARAMETERS = 935_040
 
 
-def rotate(x, theta=10000.0):
-    """RoPE, split-half pairing: x (batch, heads, seq, head_dim)."""
-    seq, head_dim = x.shape[-2:]
-    angles = torch.arange(seq)[:, None] * theta ** (-torch.arange(0, head_dim, 2) / head_dim)[None, :]
-    cos, sin = angles.cos(), angles.sin()
-    a, b = x[..., : head_dim // 2], x[..., head_dim // 2:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-
-
-class PlainBlock(nn.Module):
-    def __init__(self, d, n_heads, d_ff):
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d, n_heads):
         super().__init__()
         self.n_heads = n_heads
-        self.norm1, self.norm2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
-        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
-        self.gate, self.up = nn.Linear(d, d_ff, bias=False), nn.Linear(d, d_ff, bias=False)
-        self.down = nn.Linear(d_ff, d, bias=False)
+        self.c_attn = nn.Linear(d, 3 * d, bias=False)
+        self.c_proj = nn.Linear(d, d, bias=False)
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = self.c_attn(x).split(d, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        h = self.norm2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
 
 
-class PlainGPT(nn.Module):
-    """The recipe's shape written plainly: RoPE, pre-norm RMSNorm, SwiGLU, no biases, tied head."""
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm with an optional bias (here none)."""
 
-    def __init__(self, vocab, d, n_layers, n_heads, d_ff):
+    def __init__(self, d):
         super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(PlainBlock(d, n_heads, d_ff) for _ in range(n_layers))
-        self.norm = nn.RMSNorm(d, eps=1e-5)
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_heads):
+        super().__init__()
+        self.ln_1, self.ln_2 = LayerNorm(d), LayerNorm(d)
+        self.attn = CausalSelfAttention(d, n_heads)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's GPT, bias=False, dropout 0: the baseline."""
+
+    def __init__(self, vocab, context, d, n_layers, n_heads):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.h = nn.ModuleList(Block(d, n_heads) for _ in range(n_layers))
+        self.ln_f = LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight  # tied
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("c_proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
 
     def forward(self, ids, targets):
-        x = self.wte(ids)
-        for block in self.blocks:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.wte(ids) + self.wpe(positions)
+        for block in self.h:
             x = block(x)
-        logits = self.norm(x) @ self.wte.weight.T
-        return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
-def matmul_flops_per_second(n=1024, repeats=20) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n**3 * repeats / (time.perf_counter() - start)
+class Runner:
+    """A model, its AdamW and a fixed batch; ``seconds(steps)`` times that many training steps."""
 
+    def __init__(self, model, batch):
+        self.model, self.x, self.y = model, batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        self.seconds(2)  # the first steps allocate (and create AdamW's state)
 
-def step_seconds(model, batch, steps) -> float:
-    optimizer = build_optimizer(model, 1e-3)
-    vocab = model.wte.num_embeddings if isinstance(model, PlainGPT) else model.config.vocab_size
-    x = torch.randint(0, vocab, batch)
-    times = []
-    for i in range(steps + 2):
-        start = time.perf_counter()
-        _, loss = model(x, x)
-        optimizer.zero_grad(set_to_none=True)
+    def step(self):
+        _, loss = self.model(self.x, self.y)
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
-        if i >= 2:  # the first steps allocate
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        self.optimizer.step()
+
+    def seconds(self, steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        return (time.perf_counter() - start) / steps
+
+
+def profile(runner, steps: int, rows: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            runner.step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_RECIPE["batch_size"])
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per model per round (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--profile", action="store_true", help="also profile the package's step (torch.profiler)")
     args = parser.parse_args()
-    config = recipe_config(DEFAULT_RECIPE["vocab_size"])
-    batch = (args.batch_size, config.context_length)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    ours = GPT(config)
-    plain = PlainGPT(config.vocab_size, config.d_model, config.n_layers, config.n_heads, config.d_ff)
-    n_ours, n_plain = (sum(p.numel() for p in m.parameters()) for m in (ours, plain))
-    assert n_ours == n_plain, f"the two models must have the same parameters, got {n_ours} and {n_plain}"
-    non_embedding = n_ours - config.vocab_size * config.d_model
-    # 6 FLOPs per parameter per token (forward + backward), plus attention's scores and mixing,
-    # plus the output head (tied to the embedding, so not in non_embedding).
-    assert config.positions == "rope" and config.ffn == "swiglu" and config.norm == "rmsnorm" and not config.bias
-    flops_per_token = (6 * (non_embedding + config.vocab_size * config.d_model)
-                       + 12 * config.n_layers * config.context_length * config.d_model)
-    timings = {"minillm GPT": [], "plain PyTorch GPT": []}
-    rates = []
-    for _ in range(args.rounds):
-        rates.append(matmul_flops_per_second())
-        timings["minillm GPT"].append(step_seconds(ours, batch, args.steps))
-        timings["plain PyTorch GPT"].append(step_seconds(plain, batch, args.steps))
-    rate = statistics.median(rates)
-    tokens = batch[0] * batch[1]
-    print(f"threads {torch.get_num_threads()} · model {n_ours:,d} parameters, {config.n_layers} layers, d {config.d_model}, "
-          f"batch {batch[0]} x {batch[1]} tokens · float32 matmul {rate / 1e9:.1f} GFLOP/s (measured)")
-    print(f"{'model':20s} {'tokens/s':>10s} {'MFU':>7s} {'ratio':>7s}")
-    base = statistics.median(timings["plain PyTorch GPT"])
-    for name, values in timings.items():
-        seconds = statistics.median(values)
-        print(f"{name:20s} {tokens / seconds:10,.0f} {tokens / seconds * flops_per_token / rate:7.1%} "
-              f"{base / seconds:7.2f}")
-    print("ratio: the plain model's step time over this model's (above 1: faster than the plain model)")
+    config = GPTConfig(**SHAPE)
+    models = {"minillm GPT": GPT(config),
+              "nanoGPT": NanoGPT(config.vocab_size, config.context_length, config.d_model, config.n_layers,
+                                 config.n_heads),
+              "nanoGPT, again": NanoGPT(config.vocab_size, config.context_length, config.d_model, config.n_layers,
+                                        config.n_heads)}
+    counts = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    assert set(counts.values()) == {PARAMETERS}, f"the models must have {PARAMETERS:,d} parameters each, got {counts}"
+    batch = torch.randint(0, config.vocab_size, (BATCH_SIZE, config.context_length + 1))
+    runners = {name: Runner(model, batch) for name, model in models.items()}
+    times = {name: [] for name in runners}
+    for round_ in range(args.rounds):
+        order = list(runners) if round_ % 2 == 0 else list(reversed(runners))  # no model always goes first
+        for name in order:
+            times[name].append(runners[name].seconds(args.steps))
+    tokens = BATCH_SIZE * config.context_length
+    base = times["nanoGPT"]
+    print(f"threads {torch.get_num_threads()} · {PARAMETERS:,d} parameters each · {config.n_layers} layers, "
+          f"d {config.d_model}, {config.n_heads} heads, context {config.context_length}, vocab {config.vocab_size}, "
+          f"batch {BATCH_SIZE} · {args.rounds} rounds of {args.steps} steps · minillm: {config.positions}, "
+          f"{config.norm}, {config.ffn}, attention {config.attention_backend!r}")
+    print(f"{'model':16s} {'tokens/s':>10s} {'vs nanoGPT (median)':>20s} {'range over rounds':>19s}")
+    for name, values in times.items():
+        ratios = [b / t for b, t in zip(base, values)]  # above 1: faster than the baseline in that round
+        spread = "" if name == "nanoGPT" else f"{min(ratios):.2f}–{max(ratios):.2f}"
+        print(f"{name:16s} {tokens / statistics.median(values):10,.0f} {statistics.median(ratios):20.2f} {spread:>19s}")
+    print("ratio: nanoGPT's step time over the model's, per round; 'nanoGPT, again' is the noise floor")
+    if args.profile:
+        profile(runners["minillm GPT"], steps=3, rows=25)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _registered(component: str) -> tuple[str, ...]:
+    """The names registered for a model component ("positions", "norm", "ffn"): what a config accepts."""
+    from minillm.ffn import FFNS
+    from minillm.norm import NORMS
+    from minillm.positional import POSITIONS
+
+    return {"positions": POSITIONS, "norm": NORMS, "ffn": FFNS}[component].names()
+
+
 def _parser() -> argparse.ArgumentParser:
     from minillm.recipe import DEFAULT_RECIPE as recipe
 
@@ -60,10 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=_positive_int, default=recipe["n_layers"], help="(default: %(default)s)")
     t.add_argument("--heads", type=_positive_int, default=recipe["n_heads"], help="(default: %(default)s)")
     t.add_argument("--dropout", type=float, default=recipe["dropout"], help="(default: %(default)s)")
-    t.add_argument("--positions", choices=("learned", "sinusoidal", "rope", "alibi"), default=recipe["positions"],
+    t.add_argument("--positions", choices=_registered("positions"), default=recipe["positions"],
                    help="(default: %(default)s)")
-    t.add_argument("--norm", choices=("layernorm", "rmsnorm"), default=recipe["norm"], help="(default: %(default)s)")
-    t.add_argument("--ffn", choices=("gelu", "gelu_tanh", "relu", "swiglu"), default=recipe["ffn"],
+    t.add_argument("--norm", choices=_registered("norm"), default=recipe["norm"], help="(default: %(default)s)")
+    t.add_argument("--ffn", choices=_registered("ffn"), default=recipe["ffn"],
                    help="(default: %(default)s; gelu_tanh is GPT-2's approximation)")
     t.add_argument("--seed", type=int, default=recipe["seed"],
                    help="the initialization and the order of the batches (default: %(default)s)")

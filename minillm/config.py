@@ -53,7 +53,7 @@ class ModelConfig:
         for name in ("bias", "tie_embeddings", "final_norm", "embedding_norm", "pooler"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name, allowed in CHOICES.items():
+        for name, allowed in self.choices().items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.n_kv_heads is None:
@@ -66,6 +66,11 @@ class ModelConfig:
         if (self.architecture == "encoder-decoder") != (self.n_decoder_layers > 0):
             raise ValueError("n_decoder_layers must be > 0 exactly when architecture is 'encoder-decoder', "
                              f"got {self.n_decoder_layers} with {self.architecture!r}")
+
+    def choices(self) -> dict[str, tuple[str, ...]]:
+        """The allowed values of each switch: ``CHOICES``. (Chapter 07's model config answers
+        with the names registered for its components, so that a new FFN needs no new list.)"""
+        return CHOICES
 
     @property
     def head_dim(self) -> int:

@@ -4,42 +4,71 @@
 """Autoregressive generation: run the model, sample a token, append it, repeat (chapter 07).
 
 Without a cache, every step runs the model on the whole context again (its last
-``context_length`` tokens) and uses only the last position's logits. With a KV cache
-(chapter 09) the prompt is run once and then each new token alone, its keys and values
-appended to the cache; both ways give the same tokens.
+``context_length`` tokens) and uses only the last position's logits. With a KV cache the
+prompt is run once and then each new token alone, its keys and values appended to the
+cache; both ways give the same tokens. A batch of prompts of different lengths is padded
+on the left, with an ``attention_mask`` (True for the real tokens); each row then gets
+what it gets alone.
 """
 import torch
 from tqdm.auto import tqdm
 
+from minillm.attention import ConcatCache
+from minillm.checks import boolean, eager_only, non_negative_int, positive_int
+from minillm.model import check_attention_mask, check_token_batch
 from minillm.sampling import check_sampling_arguments, sample_next
 
 
-def _check_ids(ids) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+class ConcatModelCache:
+    """The simplest model-wide KV cache: chapter 04's ``ConcatCache`` for each of ``n_layers`` blocks.
+
+    ``length``: the positions it holds; ``layer(i)``: block i's cache. What
+    ``generate(..., use_cache=True)`` uses; chapter 09's ``KVCache`` preallocates instead of
+    concatenating.
+    """
+
+    def __init__(self, n_layers: int):
+        self.layers = [ConcatCache() for _ in range(positive_int("n_layers", n_layers))]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.layers[0].k is None else self.layers[0].k.shape[-2]
+
+    def layer(self, index: int) -> ConcatCache:
+        return self.layers[index]
 
 
 @torch.no_grad()
 def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, kv_cache=None, generator: torch.Generator | None = None,
+             top_p: float | None = None, kv_cache=None, use_cache: bool = False,
+             attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
              progress: bool = False) -> torch.Tensor:
     """Extend ``ids`` (batch, seq) by ``max_new_tokens`` sampled tokens: → (batch, seq + max_new_tokens).
 
     model: ``forward(ids)`` returns ``(logits (batch, seq, vocab), loss)``, and
     ``model.config.context_length`` is its context. temperature, top_k, top_p: as in
-    ``minillm.sampling.sample_next`` (temperature 0 is greedy). kv_cache: None (recompute
-    the context every step) or an empty cache accepted by ``model.forward(ids,
-    kv_cache=...)`` (chapter 09); with a cache, prompt plus new tokens must fit in the
-    context. generator: a seeded ``torch.Generator`` makes the draws reproducible.
+    ``minillm.sampling.sample_next`` (temperature 0 is greedy). kv_cache: None, or an empty
+    cache accepted by ``model.forward(ids, kv_cache=...)`` (chapter 09); use_cache: with
+    no kv_cache, make a ``ConcatModelCache`` (needs ``model.config.n_layers``). With a
+    cache the context cannot slide: prompt plus new tokens must fit in it.
+    attention_mask: None, or a bool tensor of ids' shape, True for real tokens and False
+    for the padding on the left of shorter prompts (passed to ``model.forward``, which
+    then takes ``attention_mask=``); the new tokens are real.
+    generator: a seeded ``torch.Generator`` makes the draws reproducible.
     The model runs in eval mode (no dropout) and is put back in its previous mode.
     """
-    _check_ids(ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+    check_token_batch(ids)
+    non_negative_int("max_new_tokens", max_new_tokens)
+    boolean("use_cache", use_cache)
     check_sampling_arguments(temperature, top_k, top_p)
+    if attention_mask is not None:
+        check_attention_mask(attention_mask, tuple(ids.shape), "ids' shape")
+        if eager_only() and not bool(attention_mask[:, -1].all()):
+            raise ValueError("attention_mask must be True at the end of every row: pad the prompts on the left, "
+                             "since each row is continued after its last token")
     context = model.config.context_length
+    if kv_cache is None and use_cache:
+        kv_cache = ConcatModelCache(model.config.n_layers)
     if kv_cache is not None:
         if int(kv_cache.length) != 0:
             raise ValueError(f"kv_cache must be empty, it holds {int(kv_cache.length)} positions")
@@ -50,17 +79,19 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     was_training = model.training
     model.eval()
     try:
-        out = ids
-        logits = None
+        out, mask = ids, attention_mask
         for step in tqdm(range(max_new_tokens), desc="generating", disable=not progress):
             if kv_cache is None:
-                logits, _ = model(out[:, -context:])
-            elif step == 0:
-                logits, _ = model(out, kv_cache=kv_cache)
-            else:
-                logits, _ = model(out[:, -1:], kv_cache=kv_cache)
+                inputs, extra = out[:, -context:], {} if mask is None else {"attention_mask": mask[:, -context:]}
+            else:  # the whole prompt first, then the newest token alone; the mask covers the cache too
+                inputs, extra = (out if step == 0 else out[:, -1:]), {"kv_cache": kv_cache}
+                if mask is not None:
+                    extra["attention_mask"] = mask
+            logits, _ = model(inputs, **extra)
             next_ids = sample_next(logits[:, -1], **sample)
             out = torch.cat([out, next_ids[:, None].to(out.dtype)], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         return out
     finally:
         model.train(was_training)

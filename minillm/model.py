@@ -6,12 +6,34 @@
 Token ids (batch, seq) → token embeddings (chapter 02) + positions (chapter 03) → a stack
 of Transformer blocks (attention, chapter 04; feed-forward network, chapter 05; norms
 and residuals, chapter 06) → a final norm → a linear map to one logit per vocabulary
-entry, (batch, seq, vocab). The config's switches select the variants the course taught;
-``count_parameters(config)`` (chapter 00) equals the parameter count of ``GPT(config)``.
+entry, (batch, seq, vocab). The config names each component, and the name is looked up in
+that component's registry (``POSITIONS``, ``ATTENTION_BACKENDS``, ``FFNS``, ``NORMS``): a
+component registered later, such as chapter 11's "moe", needs no change here.
+``count_parameters(config)`` counts the parameters of the model a config describes.
 
-Hook for chapter 09: ``forward(ids, kv_cache=cache)`` takes a model-wide cache with a
-``length`` (positions already cached) and ``layer(i)``, the ``KVCacheLike`` of block i.
+What the model asks of its components:
+- Initialization: every ``nn.Linear`` gets N(0, init_std²), and every module marked by
+  ``minillm.markers.mark_residual_projection`` (attention's output, the FFN's
+  down-projection, each expert's) gets init_std / sqrt(2 n_layers), whatever its name.
+- Auxiliary losses: a module with a loss of its own (chapter 11's load balancing) sets
+  ``self.aux_loss`` in its forward: a 0-dim tensor, already multiplied by its weight, or
+  None. It may also set ``self.aux_losses``, a dict of named 0-dim tensors, to be logged
+  apart. ``GPT.forward`` with targets adds every module's ``aux_loss`` to the loss it
+  returns; ``GPT.last_aux_losses`` then gives floats for the logs: "aux_loss", the sum,
+  and each name of the modules' ``aux_losses``, summed over the modules.
+- Active parameters: a module that uses only some of its parameters for each token
+  (chapter 11's experts) may define ``active_parameter_count()``, the parameters one token
+  uses; ``count_parameters(config, active=True)`` asks it.
+- Padding: ``forward(..., attention_mask=mask)``, True for the real tokens, gives each row
+  of the batch its own positions (the count of its real tokens so far, minus 1), and no
+  token attends to padding. A left-padded row gets the logits it gets alone.
+- Caches (chapter 09): ``forward(ids, kv_cache=cache)`` takes a model-wide cache with
+  ``length``, an int, the positions it holds (the same for every row, padding included),
+  and ``layer(i)``, the ``KVCacheLike`` of block i. Which cached positions are padding, the
+  model learns from ``attention_mask``, which then covers the cached positions and the
+  new ones; a cache that keeps lengths per row keeps them for itself.
 """
+import copy
 import math
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -20,14 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.attention import KVCacheLike, get_attention_backend
+from minillm.attention import ATTENTION_BACKENDS, KVCacheLike
 from minillm.block import TransformerBlock
 from minillm.checkpoint import config_from_dict
-from minillm.config import ModelConfig
+from minillm.checks import boolean, number, one_of, positive_int, positive_number, probability
+from minillm.config import CHOICES, ModelConfig
 from minillm.embedding import TokenEmbedding
-from minillm.ffn import FFNS
-from minillm.norm import build_norm
-from minillm.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, alibi_bias
+from minillm.ffn import FFNS, default_d_ff
+from minillm.markers import is_residual_projection
+from minillm.norm import NORMS, build_norm
+from minillm.positional import POSITIONS
 
 IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.cross_entropy)
 
@@ -36,48 +60,66 @@ IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.c
 class GPTConfig(ModelConfig):
     """A ``ModelConfig`` (same fields, same meaning) plus what training and building need.
 
+    Each component is a name in its registry, and a name registered later is valid at
+    once: positions (``POSITIONS``: "learned", "sinusoidal", "rope", "alibi"), norm
+    (``NORMS``: "layernorm", "rmsnorm"), ffn (``FFNS``: "gelu", "gelu_tanh" (GPT-2's),
+    "relu", "swiglu"; chapter 11 adds "moe"), attention_backend (``ATTENTION_BACKENDS``:
+    "sdpa", PyTorch's fused kernels, by default; "math", written out in chapter 04).
     architecture: "decoder" (causal, a GPT) or "encoder" (bidirectional, BERT-style; for
-    the masked-LM contrast). ffn: a name in the FFN registry ("gelu", "gelu_tanh" (GPT-2's),
-    "relu", "swiglu").
+    the masked-LM contrast).
+    d_ff: the FFN's hidden width; None (the default) takes the FFN's own rule,
+    ``minillm.ffn.default_d_ff``: 4 d_model for GELU and ReLU, the 2/3 rule for SwiGLU
+    (352 for d_model 128). The config holds the width it resolved.
+    ffn_options: None or a dict of keyword arguments for the FFN's constructor, plain data
+    (checkpoints store it), for example ``{"n_experts": 8, "top_k": 2}``.
+    fused_qkv: one Linear for queries, keys and values (fast), or three, ``q``, ``k``, ``v``
+    (so that chapter 12 can adapt Q and V alone).
     dropout: on the embeddings, attention weights and both residual branches while
-    training. attention_backend: a name in the attention-backend registry ("math", "sdpa").
-    eps: the norms' epsilon. scale_embeddings: multiply token embeddings by sqrt(d_model)
-    (the 2017 Transformer; off, as in GPT-2). rope_theta: RoPE's base. init_std: standard
-    deviation of the initial weights (GPT-2's 0.02; residual output projections get
-    init_std / sqrt(2 n_layers)).
+    training. eps: the norms' epsilon. scale_embeddings: multiply token embeddings by
+    sqrt(d_model) (the 2017 Transformer; off, as in GPT-2). rope_theta: RoPE's base.
+    init_std: standard deviation of the initial weights (GPT-2's 0.02; residual output
+    projections get init_std / sqrt(2 n_layers)).
     """
 
+    d_ff: int | None = None
     dropout: float = 0.0
-    attention_backend: str = "math"
+    attention_backend: str = "sdpa"
     eps: float = 1e-5
     scale_embeddings: bool = False
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    ffn_options: dict | None = None
+    fused_qkv: bool = True
 
     def __post_init__(self):
+        if self.ffn_options is not None:
+            object.__setattr__(self, "ffn_options", _plain_options(self.ffn_options))
+        if self.d_ff is None:  # the FFN's own rule; ModelConfig then checks the width like a given one
+            positive_int("d_model", self.d_model)
+            one_of("ffn", self.ffn, FFNS.names())
+            object.__setattr__(self, "d_ff", default_d_ff(self.ffn, self.d_model, **(self.ffn_options or {})))
         super().__post_init__()
-        if self.architecture not in ("decoder", "encoder"):
-            raise ValueError(f"architecture must be 'decoder' or 'encoder' for a GPT, got {self.architecture!r}")
         if self.n_token_types or self.pooler:
             raise ValueError("n_token_types and pooler are BERT's extras; a GPT has neither "
                              f"(got n_token_types={self.n_token_types}, pooler={self.pooler})")
-        if self.ffn not in FFNS:
-            raise ValueError(f"ffn must be a registered FFN, one of {list(FFNS.names())}, got {self.ffn!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
-        for name in ("eps", "init_std"):
-            if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be a number > 0, got {getattr(self, name)!r}")
-        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
-            raise ValueError(f"rope_theta must be a number > 1, got {self.rope_theta!r}")
-        if self.positions == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head_dim (d_model // n_heads), got {self.head_dim}")
-        if self.positions == "alibi" and self.architecture == "encoder":
-            raise ValueError("ALiBi's bias as built here assumes causal attention: use another "
-                             "positions choice with architecture='encoder'")
-        get_attention_backend(self.attention_backend)
+        probability("dropout", self.dropout)
+        positive_number("eps", self.eps)
+        positive_number("init_std", self.init_std)
+        number("rope_theta", self.rope_theta, low=1.0, low_open=True)
+        boolean("scale_embeddings", self.scale_embeddings)
+        boolean("fused_qkv", self.fused_qkv)
+        one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS.names())
+        # Resolve every name now: a later chapter's component that this installation lacks
+        # is an error naming that chapter, here rather than when the model is built.
+        for registry, name in ((FFNS, self.ffn), (NORMS, self.norm), (ATTENTION_BACKENDS, self.attention_backend)):
+            registry.get(name)
+        with torch.device("meta"):  # the position layer's own rules (an even d_model for the sinusoids, ...)
+            POSITIONS.get(self.positions).from_config(self)
+
+    def choices(self) -> dict[str, tuple[str, ...]]:
+        """Chapter 00's choices, with the registered names for positions, norm and ffn."""
+        return {**CHOICES, "architecture": ("decoder", "encoder"), "positions": POSITIONS.names(),
+                "norm": NORMS.names(), "ffn": FFNS.names()}
 
     def to_dict(self) -> dict:
         """The fields as a plain dict (what checkpoints store)."""
@@ -89,10 +131,29 @@ class GPTConfig(ModelConfig):
         return config_from_dict(cls, values)
 
 
+def _plain_options(options) -> dict:
+    """A copy of ``ffn_options``, refused (``TypeError``) unless it is a dict with str keys and
+    plain-data values (None, bool, int, float, str, and lists, tuples and dicts of them)."""
+    def plain(value) -> bool:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return True
+        if isinstance(value, (list, tuple)):
+            return all(plain(item) for item in value)
+        return isinstance(value, dict) and all(isinstance(key, str) and plain(item) for key, item in value.items())
+
+    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+        raise TypeError(f"ffn_options must be None or a dict with str keys, got {options!r}")
+    for key, value in options.items():
+        if not plain(value):
+            raise TypeError(f"ffn_options[{key!r}] must be plain data (None, bool, int, float, str, or lists and "
+                            f"dicts of them) so that a checkpoint can store it, got {type(value).__name__}")
+    return copy.deepcopy(options)
+
+
 class ModelCacheLike(Protocol):
     """What ``GPT.forward(..., kv_cache=...)`` needs from a cache (chapter 09 builds one)."""
 
-    length: int  # positions already cached, read once before a forward pass
+    length: int  # positions already cached (the same for every row, padding included), read once per forward
 
     def layer(self, index: int) -> KVCacheLike:
         """The cache of block ``index``: ``update(k, v)`` appends and returns all keys and values."""
@@ -103,9 +164,10 @@ class GPT(nn.Module):
     """A decoder-only Transformer language model built from ``minillm``'s components.
 
     Submodules: ``token_embedding`` (a ``TokenEmbedding``; its weight is the output head
-    when ``tie_embeddings``), ``position_embedding`` (learned or sinusoidal positions;
-    None for RoPE and ALiBi, which act inside attention), ``embedding_norm`` (or None),
-    ``blocks`` (a ModuleList of ``TransformerBlock``), ``final_norm`` (or None) and
+    when ``tie_embeddings``); the position layer from ``POSITIONS``, under the name of its
+    role: ``position_embedding`` (learned or sinusoidal), ``rotary`` (RoPE, handed to
+    every block) or ``score_bias`` (ALiBi), the other two None; ``embedding_norm`` (or
+    None), ``blocks`` (a ModuleList of ``TransformerBlock``), ``final_norm`` (or None) and
     ``lm_head`` (a bias-free Linear, or None when tied).
     """
 
@@ -115,39 +177,44 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = c = config
         self.token_embedding = TokenEmbedding(c.vocab_size, c.d_model, scale=c.scale_embeddings, init_std=c.init_std)
-        self.position_embedding = None
-        if c.positions == "learned":
-            self.position_embedding = LearnedPositionalEmbedding(c.context_length, c.d_model, init_std=c.init_std)
-        elif c.positions == "sinusoidal":
-            self.position_embedding = SinusoidalPositionalEncoding(c.d_model)
-        self.rotary = RotaryEmbedding(c.head_dim, theta=c.rope_theta) if c.positions == "rope" else None
+        position = POSITIONS.get(c.positions).from_config(c)
+        one_of(f"the role of position layer {c.positions!r}", position.role, ("embedding", "rotary", "bias"))
+        self.position_embedding = position if position.role == "embedding" else None
+        self.rotary = position if position.role == "rotary" else None
+        self.score_bias = position if position.role == "bias" else None
         self.embedding_norm = build_norm(c.norm, c.d_model, eps=c.eps, bias=c.bias) if c.embedding_norm else None
         self.dropout = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(c.d_model, c.n_heads, c.d_ff, n_kv_heads=c.n_kv_heads, norm=c.norm,
-                             norm_placement=c.norm_placement, ffn=c.ffn, bias=c.bias, dropout=c.dropout,
-                             attention_backend=c.attention_backend,
-                             rotary=None if self.rotary is None else self.rotary.rotate, eps=c.eps,
-                             causal=c.architecture == "decoder")
+                             norm_placement=c.norm_placement, ffn=c.ffn, ffn_options=c.ffn_options, bias=c.bias,
+                             dropout=c.dropout, attention_backend=c.attention_backend, rotary=self.rotary,
+                             eps=c.eps, causal=c.architecture == "decoder", fused_qkv=c.fused_qkv)
             for _ in range(c.n_layers)
         )
         self.final_norm = build_norm(c.norm, c.d_model, eps=c.eps, bias=c.bias) if c.final_norm else None
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self._aux_parts: dict[str, torch.Tensor] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2's initialization: weights N(0, init_std²), residual output projections
-        N(0, init_std² / (2 n_layers)), biases 0, norms 1 (their own initialization)."""
+        """GPT-2's initialization: the weights of every ``nn.Linear`` and of the embedding
+        tables N(0, init_std²); residual projections (the modules marked by
+        ``mark_residual_projection``, whatever their type) N(0, init_std² / (2 n_layers));
+        their biases 0. Other modules (the norms, a component's own parameters) keep the
+        initialization they gave themselves."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.n_layers)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                residual = name.endswith(("attn.out", "ffn.w2"))
-                nn.init.normal_(module.weight, mean=0.0, std=residual_std if residual else std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if is_residual_projection(module):
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std)
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            else:
+                continue
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
         nn.init.normal_(self.token_embedding.weight, mean=0.0, std=std)
-        if isinstance(self.position_embedding, LearnedPositionalEmbedding):
+        if isinstance(getattr(self.position_embedding, "weight", None), nn.Parameter):
             nn.init.normal_(self.position_embedding.weight, mean=0.0, std=std)
 
     def extra_repr(self) -> str:
@@ -155,29 +222,29 @@ class GPT(nn.Module):
         return (f"{c.positions} positions, {c.norm_placement}-{c.norm}, ffn={c.ffn}, "
                 f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {c.architecture}")
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None,
-                kv_cache: ModelCacheLike | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: ModelCacheLike | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids: (batch, seq) integer token ids. Returns (logits, loss).
 
         logits: (batch, seq, vocab_size); position t scores the token that follows ids[:, t].
         loss: None without targets; else the mean cross-entropy (nats per token) of
-        targets (batch, seq), leaving out targets equal to -100.
+        targets (batch, seq), leaving out targets equal to -100, plus the modules'
+        auxiliary losses (see the module's docstring).
         kv_cache: None, or a cache holding the keys and values of the ``kv_cache.length``
         positions before ids (chapter 09); the new ones are appended.
+        attention_mask: None, or a bool (batch, k_len) tensor, True for a real token and
+        False for padding, k_len = cached + seq; each row's positions count its real
+        tokens, and no token attends to padding (give padded targets -100).
         A sequence longer than the context (cached positions included) is a ``ValueError``.
         """
-        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
-        c = self.config
+        start = self._check_inputs(ids, targets, kv_cache, attention_mask)
         seq = ids.shape[1]
-        start = 0 if kv_cache is None else int(kv_cache.length)
-        if start + seq > c.context_length:
-            cached = f" after {start} cached positions" if start else ""
-            raise ValueError(f"ids holds {seq} positions{cached}, more than the context length "
-                             f"{c.context_length}: crop the input to its last {c.context_length - start} tokens")
-        positions = torch.arange(start, start + seq, device=ids.device)
+        if attention_mask is None:  # the same positions for every row
+            positions = torch.arange(start, start + seq, device=ids.device)
+            key_positions = torch.arange(start + seq, device=ids.device) if self.score_bias is not None else None
+        else:  # each row counts its real tokens; padding gets position 0, and nothing attends to it
+            key_positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+            positions = key_positions[:, start:]
         x = self.token_embedding(ids)
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions).to(x.dtype)
@@ -185,8 +252,11 @@ class GPT(nn.Module):
             x = self.embedding_norm(x)
         x = self.dropout(x)
         mask = None
-        if c.positions == "alibi":
-            mask = alibi_bias(c.n_heads, seq, start + seq, device=ids.device).to(x.dtype)
+        if self.score_bias is not None:
+            mask = self.score_bias(positions, key_positions).to(x.dtype)
+        if attention_mask is not None:
+            keys = attention_mask[:, None, None, :]  # (batch, 1, 1, k_len)
+            mask = keys if mask is None else mask.masked_fill(~keys, float("-inf"))
         for index, block in enumerate(self.blocks):
             layer_cache = None if kv_cache is None else kv_cache.layer(index)
             x = block(x, mask=mask, positions=positions, kv_cache=layer_cache)
@@ -195,9 +265,113 @@ class GPT(nn.Module):
         logits = self.token_embedding.logits(x) if self.lm_head is None else self.lm_head(x)
         if targets is None:
             return logits, None
-        if not isinstance(targets, torch.Tensor) or targets.shape != ids.shape:
-            raise ValueError(f"targets must be a tensor of ids' shape {tuple(ids.shape)}, "
-                             f"got {getattr(targets, 'shape', type(targets).__name__)}")
-        loss = F.cross_entropy(logits.reshape(-1, c.vocab_size).float(), targets.reshape(-1).long(),
+        loss = F.cross_entropy(logits.reshape(-1, self.config.vocab_size).float(), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX)
-        return logits, loss
+        aux_loss = self._collect_aux_losses()
+        return logits, loss if aux_loss is None else loss + aux_loss
+
+    @property
+    def last_aux_losses(self) -> dict[str, float]:
+        """The auxiliary losses of the last forward pass with targets, as floats for the logs:
+        "aux_loss" (their sum, added to the loss) and each named part; empty without any."""
+        return {name: float(value) for name, value in self._aux_parts.items()}
+
+    def _collect_aux_losses(self) -> torch.Tensor | None:
+        """The sum of the modules' ``aux_loss`` (None when no module has one); keeps the parts
+        for ``last_aux_losses``, detached (read as floats only when asked, outside the graph)."""
+        total, parts = None, {}
+        for module in self.modules():
+            attributes = vars(module)  # not getattr: nn.Module's lookup of a missing name is slow
+            aux_loss = attributes.get("aux_loss")
+            if aux_loss is None:
+                continue
+            total = aux_loss if total is None else total + aux_loss
+            for name, value in (attributes.get("aux_losses") or {}).items():
+                parts[name] = value.detach() + parts[name] if name in parts else value.detach()
+        if total is not None:
+            parts["aux_loss"] = total.detach()
+        self._aux_parts = parts
+        return total
+
+    def _check_inputs(self, ids, targets, kv_cache, attention_mask) -> int:
+        """Check forward's arguments (types, shapes, lengths; the ids' values are checked by the
+        embedding) and return the number of cached positions."""
+        check_token_batch(ids)
+        batch, seq = ids.shape
+        start = 0
+        if kv_cache is not None:
+            if not callable(getattr(kv_cache, "layer", None)) or not hasattr(kv_cache, "length"):
+                raise TypeError(f"kv_cache must have a length and a method layer(index), got {type(kv_cache).__name__}")
+            start = int(kv_cache.length)
+        context = self.config.context_length
+        if start + seq > context:
+            cached = f" after {start} cached positions" if start else ""
+            raise ValueError(f"ids holds {seq} positions{cached}, more than the context length "
+                             f"{context}: crop the input to its last {context - start} tokens")
+        if attention_mask is not None:
+            check_attention_mask(attention_mask, (batch, start + seq), "(batch, cached + seq)")
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.shape != ids.shape:
+                raise ValueError(f"targets must be a tensor of ids' shape {tuple(ids.shape)}, "
+                                 f"got {getattr(targets, 'shape', type(targets).__name__)}")
+            if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+                raise TypeError(f"targets must be an integer tensor, got {targets.dtype}")
+        return start
+
+
+def check_token_batch(ids) -> None:
+    """Refuse ids that are not an integer tensor of shape (batch, seq) with seq >= 1."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"ids must have shape (batch, seq) with seq >= 1, got {tuple(ids.shape)}")
+
+
+def check_attention_mask(attention_mask, shape: tuple[int, int], described: str = "(batch, seq)") -> None:
+    """Refuse an attention mask that is not a bool tensor of ``shape`` (``described`` says what it is)."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
+        raise TypeError("attention_mask must be a bool tensor (True for a real token, False for padding), "
+                        f"got {getattr(attention_mask, 'dtype', type(attention_mask).__name__)}")
+    if attention_mask.shape != shape:
+        raise ValueError(f"attention_mask must have shape {described} = {tuple(shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
+
+
+def count_parameters(config: GPTConfig, *, active: bool = False, non_embedding: bool = False) -> int:
+    """The number of parameters of ``GPT(config)``, built on the meta device (no memory) and counted
+    component by component; tied weights count once.
+
+    active: count what one token uses. A module that defines ``active_parameter_count()``
+    answers for itself and its submodules (chapter 11's mixture of experts: its router and
+    top_k experts); every other module counts all its parameters.
+    non_embedding: leave out the token embedding table and the learned position table, as
+    scaling laws do (Kaplan et al., 2020). An untied output head is counted; a tied one is
+    the token table, and is left out with it.
+    For the components chapter 00 knows, the total equals ``minillm.config.count_parameters``.
+    """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    boolean("active", active)
+    boolean("non_embedding", non_embedding)
+    with torch.device("meta"):
+        model = GPT(config)
+    seen: set[int] = set()  # parameters counted (or left out) already: a shared one counts once
+    if non_embedding:
+        embeddings = [model.token_embedding]
+        if model.position_embedding is not None:
+            embeddings.append(model.position_embedding)
+        seen.update(id(p) for module in embeddings for p in module.parameters())
+
+    def count(module: nn.Module) -> int:
+        own = getattr(module, "active_parameter_count", None) if active else None
+        if own is not None:
+            seen.update(id(p) for p in module.parameters())
+            return int(own())
+        total = 0
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total + sum(count(child) for child in module.children())
+
+    return count(model)

@@ -15,16 +15,27 @@ Conventions:
   ``k_len - q_len + i`` (the queries are the last ``q_len`` of ``k_len`` positions), and
   ``m_h`` are the slopes of Press et al. (2022). Added to attention scores before the
   softmax, with a causal mask (keys after the query get a positive bias, masked anyway).
+
+``POSITIONS`` names the four variants a model can use. Each entry is a module class with
+a ``role``, saying what the model does with it, and ``from_config(config)``, which builds
+it for a model config (chapter 07's ``GPTConfig``) or raises a ``ValueError`` naming what
+the config gets wrong:
+- ``"embedding"`` (learned, sinusoidal): ``forward(positions)`` → ``positions.shape +
+  (d_model,)``, added to the token embeddings;
+- ``"rotary"`` (RoPE): ``rotate(x, positions)`` rotates the queries and keys of every
+  attention layer;
+- ``"bias"`` (ALiBi): ``forward(q_positions, k_positions)`` → ``(..., n_heads, q_len,
+  k_len)``, added to the attention scores.
+Positions are ``(seq,)``, the same for every sequence of a batch, or ``(batch, seq)``, one
+row each (a left-padded batch, where each row counts its own tokens).
 """
 import math
 
 import torch
+import torch.nn.functional as F
 
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+from minillm.checks import eager_only, positive_int, positive_number
+from minillm.registry import Registry
 
 
 def sinusoidal_encoding(seq_len: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32,
@@ -34,8 +45,8 @@ def sinusoidal_encoding(seq_len: int, d_model: int, *, base: float = 10000.0, dt
     Returns (seq_len, d_model): PE[pos, 2i] = sin(pos / base**(2i/d_model)),
     PE[pos, 2i+1] = cos(pos / base**(2i/d_model)). d_model must be even.
     """
-    _positive_int("seq_len", seq_len)
-    if _positive_int("d_model", d_model) % 2:
+    positive_int("seq_len", seq_len)
+    if positive_int("d_model", d_model) % 2:
         raise ValueError(f"d_model must be even (sine and cosine come in pairs), got {d_model}")
     positions = torch.arange(seq_len, dtype=torch.float64, device=device)
     frequencies = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model)
@@ -52,7 +63,7 @@ def sinusoidal_shift_matrix(k: int, d_model: int, *, base: float = 10000.0, dtyp
     Block-diagonal: pair i (dimensions 2i, 2i+1) gets [[cos w k, sin w k], [-sin w k, cos w k]],
     w = base**(-2i/d_model). Orthogonal, and M_j @ M_k = M_{j+k}.
     """
-    if _positive_int("d_model", d_model) % 2:
+    if positive_int("d_model", d_model) % 2:
         raise ValueError(f"d_model must be even, got {d_model}")
     frequencies = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     c, s = torch.cos(k * frequencies), torch.sin(k * frequencies)
@@ -65,55 +76,82 @@ def sinusoidal_shift_matrix(k: int, d_model: int, *, base: float = 10000.0, dtyp
 
 
 class LearnedPositionalEmbedding(torch.nn.Module):
-    """A learned vector per position, as in GPT-2: positions (seq,) → (seq, d_model).
+    """A learned vector per position, as in GPT-2: positions (seq,) or (batch, seq) → positions.shape + (d_model,).
 
     Rows start from N(0, init_std**2), by default init_std = 1/sqrt(d_model), the scale of
-    ``minillm.embedding.TokenEmbedding``. A position >= max_len is a ``ValueError``.
+    ``minillm.embedding.TokenEmbedding``. A position outside [0, max_len) is a ``ValueError``
+    (checked in eager mode; ``torch.compile`` skips the check, which reads the values).
     """
+
+    role = "embedding"
 
     def __init__(self, max_len: int, d_model: int, init_std: float | None = None):
         super().__init__()
-        self.max_len, self.d_model = _positive_int("max_len", max_len), _positive_int("d_model", d_model)
-        if init_std is not None and not init_std > 0:
-            raise ValueError(f"init_std must be positive, got {init_std!r}")
-        self.init_std = d_model**-0.5 if init_std is None else float(init_std)
+        self.max_len, self.d_model = positive_int("max_len", max_len), positive_int("d_model", d_model)
+        self.init_std = d_model**-0.5 if init_std is None else positive_number("init_std", init_std)
         self.weight = torch.nn.Parameter(torch.empty(max_len, d_model))
         torch.nn.init.normal_(self.weight, std=self.init_std)
 
+    @classmethod
+    def from_config(cls, config) -> "LearnedPositionalEmbedding":
+        """A row for each position of the context: ``(config.context_length, config.d_model)``."""
+        return cls(config.context_length, config.d_model, init_std=config.init_std)
+
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
-        if positions.numel() and int(positions.max()) >= self.max_len:
+        check_positions(positions)
+        if eager_only() and positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"positions must lie in [0, max_len={self.max_len}), got up to {int(positions.max())}: "
                              "the sequence is longer than the context this layer was built for")
-        return self.weight[positions.long()]
+        return F.embedding(positions.long(), self.weight)
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, d_model={self.d_model}"
 
 
 class SinusoidalPositionalEncoding(torch.nn.Module):
-    """``sinusoidal_encoding`` as a layer: positions (seq,) → (seq, d_model); no parameters, no limit."""
+    """``sinusoidal_encoding`` as a layer: positions (seq,) or (batch, seq) → positions.shape + (d_model,).
 
-    def __init__(self, d_model: int, base: float = 10000.0):
+    No parameters and no limit: the table holds ``max_len`` rows to begin with and grows
+    when a larger position comes (in eager mode; under ``torch.compile`` the positions
+    must fit the table, as a model's context does).
+    """
+
+    role = "embedding"
+
+    def __init__(self, d_model: int, base: float = 10000.0, max_len: int = 1):
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 2 or d_model % 2:
-            raise ValueError(f"d_model must be a positive even int, got {d_model!r}")
-        self.d_model, self.base = d_model, base
-        self.register_buffer("table", sinusoidal_encoding(1, d_model, base=base), persistent=False)
+        if positive_int("d_model", d_model) % 2:
+            raise ValueError(f"d_model must be even (sine and cosine come in pairs), got {d_model}")
+        self.d_model, self.base = d_model, positive_number("base", base)
+        self.register_buffer("table", sinusoidal_encoding(positive_int("max_len", max_len), d_model, base=base),
+                             persistent=False)
+
+    @classmethod
+    def from_config(cls, config) -> "SinusoidalPositionalEncoding":
+        """The 2017 table for ``config.d_model``, computed up front for ``config.context_length`` positions."""
+        if config.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {config.d_model}")
+        return cls(config.d_model, max_len=config.context_length)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
-        needed = int(positions.max()) + 1 if positions.numel() else 1
-        if needed > self.table.shape[0]:  # grow the cached table; the formula has no maximum
+        check_positions(positions)
+        if eager_only() and positions.numel() and int(positions.max()) >= self.table.shape[0]:
+            needed = int(positions.max()) + 1  # grow the cached table; the formula has no maximum
             self.table = sinusoidal_encoding(max(needed, 2 * self.table.shape[0]), self.d_model, base=self.base,
                                              dtype=self.table.dtype, device=self.table.device)
-        return self.table[positions.long()]
+        return F.embedding(positions.long(), self.table)
+
+
+def check_positions(positions) -> None:
+    """Refuse positions that are not an integer tensor of shape (seq,) or (batch, seq) with values >= 0
+    (the values are read in eager mode only)."""
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex \
+            or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
+    if positions.dim() not in (1, 2):
+        raise ValueError(f"positions must have shape (seq,) or (batch, seq), got {tuple(positions.shape)}")
+    if eager_only() and positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
@@ -142,25 +180,45 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0,
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """RoPE for one attention layer. No parameters.
+    """RoPE for one attention layer, by ``apply_rope``. No parameters.
 
-    ``forward(q, k, positions)`` rotates queries and keys that share positions (seq,);
-    ``rotate(x, positions)`` rotates one tensor (..., seq, head_dim), for example new keys
-    appended to a cache.
+    ``rotate(x, positions)`` rotates one tensor: x (..., seq, head_dim) with positions
+    (seq,), or x (batch, heads, seq, head_dim) with positions (batch, seq), a row of
+    positions for each sequence of the batch. ``forward(q, k, positions)`` rotates queries
+    and keys that share their positions.
     """
+
+    role = "rotary"
 
     def __init__(self, head_dim: int, theta: float = 10000.0, interleaved: bool = False):
         super().__init__()
-        if _positive_int("head_dim", head_dim) % 2:
+        if positive_int("head_dim", head_dim) % 2:
             raise ValueError(f"head_dim must be even, got {head_dim}")
         if not theta > 1:
             raise ValueError(f"theta must be > 1, got {theta!r}")
         self.head_dim, self.theta, self.interleaved = head_dim, float(theta), bool(interleaved)
 
+    @classmethod
+    def from_config(cls, config) -> "RotaryEmbedding":
+        """RoPE for the heads of ``config`` (width ``config.head_dim``, base ``config.rope_theta``)."""
+        if config.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim (d_model // n_heads), got {config.head_dim}")
+        return cls(config.head_dim, theta=config.rope_theta)
+
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x must end with head_dim={self.head_dim}, got shape {tuple(x.shape)}")
-        return apply_rope(x, positions, self.theta, self.interleaved)
+        if positions.dim() != 2:
+            return apply_rope(x, positions, self.theta, self.interleaved)
+        if x.dim() != 4 or positions.shape != (x.shape[0], x.shape[2]):
+            raise ValueError(f"positions of shape (batch, seq) need x of shape (batch, heads, seq, head_dim) with the "
+                             f"same batch and seq, got positions {tuple(positions.shape)} and x {tuple(x.shape)}")
+        # Lay the sequences of the batch end to end along the sequence axis: apply_rope then
+        # rotates every row by its own position, one position per row, as its contract says.
+        batch, heads, seq, head_dim = x.shape
+        rows = x.transpose(0, 1).reshape(heads, batch * seq, head_dim)
+        rotated = apply_rope(rows, positions.reshape(-1), self.theta, self.interleaved)
+        return rotated.reshape(heads, batch, seq, head_dim).transpose(0, 1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotate(q, positions), self.rotate(k, positions)
@@ -175,7 +233,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     n a power of two: m_h = 2**(-8 (h+1) / n). Otherwise the slopes of the nearest smaller
     power of two p, then every other slope of 2p, until there are n.
     """
-    _positive_int("n_heads", n_heads)
+    positive_int("n_heads", n_heads)
 
     def slopes(n: int) -> list[float]:
         p = 2 ** math.floor(math.log2(n))
@@ -191,10 +249,55 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int, *, device=None) -> torch.Te
     bias[h, i, j] = -m_h * (k_len - q_len + i - j): the queries are the last q_len of the
     k_len positions. Use with a causal mask (later keys get a positive bias).
     """
-    _positive_int("q_len", q_len)
-    _positive_int("k_len", k_len)
+    positive_int("q_len", q_len)
+    positive_int("k_len", k_len)
     if q_len > k_len:
         raise ValueError(f"q_len ({q_len}) must be <= k_len ({k_len}): the queries are the last q_len positions")
     query_positions = torch.arange(k_len - q_len, k_len, device=device)
     distance = (query_positions[:, None] - torch.arange(k_len, device=device)[None, :]).float()
     return -alibi_slopes(n_heads).to(device)[:, None, None] * distance
+
+
+class ALiBi(torch.nn.Module):
+    """ALiBi for a model: every head's bias from the positions of the queries and keys. No parameters.
+
+    ``forward(q_positions, k_positions)``: (q_len,) and (k_len,) → (n_heads, q_len, k_len),
+    or (batch, q_len) and (batch, k_len) → (batch, n_heads, q_len, k_len), float32, with
+    bias = -m_h * (q_position - k_position) and ``alibi_slopes``' m_h. With q_positions =
+    arange(k_len - q_len, k_len) and k_positions = arange(k_len) it equals
+    ``alibi_bias(n_heads, q_len, k_len)``. Use with a causal mask.
+    """
+
+    role = "bias"
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.n_heads = positive_int("n_heads", n_heads)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    @classmethod
+    def from_config(cls, config) -> "ALiBi":
+        """The bias of ``config.n_heads`` heads; a causal model only (keys after a query would get a bonus)."""
+        if config.architecture != "decoder":
+            raise ValueError("ALiBi's bias as built here assumes causal attention: use another "
+                             f"positions choice with architecture={config.architecture!r}")
+        return cls(config.n_heads)
+
+    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        check_positions(q_positions)
+        check_positions(k_positions)
+        if q_positions.shape[:-1] != k_positions.shape[:-1]:
+            raise ValueError(f"q_positions and k_positions must both be (seq,) or both (batch, seq) with the same "
+                             f"batch, got {tuple(q_positions.shape)} and {tuple(k_positions.shape)}")
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).unsqueeze(-3)  # (..., 1, q_len, k_len)
+        return -self.slopes[:, None, None] * distance.to(self.slopes.dtype)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}"
+
+
+POSITIONS = Registry("position encoding")
+POSITIONS.register("learned", "minillm.positional:LearnedPositionalEmbedding")
+POSITIONS.register("sinusoidal", "minillm.positional:SinusoidalPositionalEncoding")
+POSITIONS.register("rope", "minillm.positional:RotaryEmbedding")
+POSITIONS.register("alibi", "minillm.positional:ALiBi")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from minillm import data
 from minillm.checkpoint import CheckpointError
-from minillm.ffn import swiglu_hidden_size
 from minillm.model import GPT, GPTConfig
 from minillm.tokenizer import BPETokenizer
 from minillm.train import TrainConfig, load_model
@@ -31,14 +30,11 @@ _SHAPE = ("context_length", "d_model", "n_layers", "n_heads", "dropout", "positi
 def recipe_config(vocab_size: int, **overrides) -> GPTConfig:
     """The default model's config for a tokenizer of ``vocab_size`` tokens (``overrides`` win).
 
-    d_ff follows d_model: 4 d_model for GELU/ReLU, the 2/3 rule for SwiGLU (``swiglu_hidden_size``
-    rounded to a multiple of 32), unless given. The attention backend is pinned to "sdpa", the
-    one the shipped model was trained with.
+    d_ff follows d_model by the FFN's own rule (``minillm.ffn.default_d_ff``: 4 d_model for
+    GELU/ReLU, the 2/3 rule rounded to a multiple of 32 for SwiGLU), unless given. The attention
+    backend is pinned to "sdpa", the one the shipped model was trained with.
     """
     shape = {**{key: DEFAULT_RECIPE[key] for key in _SHAPE}, **overrides}
-    if "d_ff" not in shape:
-        d = shape["d_model"]
-        shape["d_ff"] = swiglu_hidden_size(d, multiple_of=32) if shape["ffn"] == "swiglu" else 4 * d
     return GPTConfig(**{"name": "minillm-shakespeare", "vocab_size": vocab_size, "bias": False,
                         "attention_backend": "sdpa", **shape})
 

@@ -1,11 +1,11 @@
 """minillm.config: exact parameter counts, checked against models built by other libraries."""
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from minillm.config import (
-    PRESETS, PUBLISHED, GPT2_SIZES, ModelConfig, attention_parameters, block_parameters, count_parameters,
+    CHOICES, PRESETS, PUBLISHED, GPT2_SIZES, ModelConfig, attention_parameters, block_parameters, count_parameters,
     ffn_parameters, norm_parameters,
 )
 
@@ -191,3 +191,20 @@ def test_bad_config_names_the_argument(kwargs, error, argument):
 def test_head_dim_and_kv_default():
     config = ModelConfig(d_model=768, n_heads=12)
     assert config.head_dim == 64 and config.n_kv_heads == 12
+
+
+def test_the_closed_sets_stay_chapter_00s_and_a_subclass_may_open_them():
+    # ModelConfig knows only its CHOICES ("moe" is chapter 11's); the choices() hook lets a
+    # subclass (chapter 07's GPTConfig) answer with the names registered for its components.
+    with pytest.raises(ValueError, match="ffn must be one of"):
+        ModelConfig(ffn="moe")
+    assert ModelConfig().choices() == CHOICES
+
+    @dataclass(frozen=True)
+    class Open(ModelConfig):
+        def choices(self):
+            return {**CHOICES, "ffn": CHOICES["ffn"] + ("moe",)}
+
+    assert Open(ffn="moe").ffn == "moe"
+    with pytest.raises(ValueError, match="ffn must be one of"):
+        Open(ffn="tanh")

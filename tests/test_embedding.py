@@ -213,3 +213,8 @@ def test_token_embedding_refuses_bad_sizes(name, value):
         TokenEmbedding(**kwargs)
     with pytest.raises(ValueError, match="init_std"):
         TokenEmbedding(4, 3, init_std=0.0)
+
+
+def test_token_embedding_scale_is_a_flag():
+    with pytest.raises(TypeError, match="scale"):
+        TokenEmbedding(4, 3, scale=1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minillm.attention import ConcatCache
-from minillm.generate import generate, generate_text
+from minillm.generate import ConcatModelCache, generate, generate_text
 
 from minillm.model import GPT, GPTConfig
 
@@ -102,6 +102,51 @@ def test_cache_length_limits():
         generate(model, prompt, 2, kv_cache=used)
 
 
+def test_use_cache_makes_a_cache_and_changes_no_token():
+    model = _gpt("rope").eval()
+    prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(generate(model, prompt, 10, temperature=0, use_cache=True), generate(model, prompt, 10, temperature=0))
+    with pytest.raises(ValueError, match="max_new_tokens"):  # a cache cannot slide, whoever made it
+        generate(model, prompt, 21, use_cache=True)
+    cache = ConcatModelCache(2)
+    assert cache.length == 0
+    generate(model, prompt, 3, kv_cache=cache)
+    assert cache.length == 7 and cache.layer(1).k.shape == (2, 4, 7, 8)
+
+
+def _left_padded(prompts, pad=36):
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad)
+    mask = torch.zeros(len(prompts), length, dtype=torch.bool)
+    for b, prompt in enumerate(prompts):
+        ids[b, length - len(prompt):] = torch.tensor(prompt)
+        mask[b, length - len(prompt):] = True
+    return ids, mask
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_batched_generation_equals_generating_each_prompt_alone(positions, use_cache):
+    model = _gpt(positions, context=16, n_kv_heads=2).double()  # float64: no near-ties in the argmax
+    prompts = [[3, 1, 4, 1, 5, 9], [2, 7], [1, 8, 2, 8]]
+    ids, mask = _left_padded(prompts)
+    new = 10 if use_cache else 14  # without a cache the longest row slides past the context
+    out = generate(model, ids, new, temperature=0, use_cache=use_cache, attention_mask=mask)
+    for b, prompt in enumerate(prompts):
+        alone = generate(model, torch.tensor([prompt]), new, temperature=0, use_cache=use_cache)
+        assert torch.equal(out[b, -new:], alone[0, -new:]), f"row {b} ({positions}) differs from the prompt alone"
+    assert torch.equal(out[:, :ids.shape[1]], ids)
+
+
+@pytest.mark.parametrize("mask, error", [
+    (torch.ones(1, 3), TypeError), (torch.ones(1, 2, dtype=torch.bool), ValueError),
+    (torch.tensor([[True, True, False]]), ValueError),
+])
+def test_bad_attention_mask_names_it(mask, error):
+    with pytest.raises(error, match="attention_mask"):
+        generate(_gpt(), torch.tensor([[1, 2, 3]]), 2, attention_mask=mask)
+
+
 def test_generate_text_round_trips_the_prompt():
     from minillm.tokenizer import BPETokenizer
 
@@ -118,6 +163,7 @@ def test_generate_text_round_trips_the_prompt():
     ((torch.tensor([[1, 2]]), 2), {"temperature": -1.0}, ValueError, "temperature"),
     ((torch.tensor([[1, 2]]), 2), {"top_k": 0}, ValueError, "top_k"),
     ((torch.tensor([[1, 2]]), 0), {"top_p": 2.0}, ValueError, "top_p"),
+    ((torch.tensor([[1, 2]]), 2), {"use_cache": 1}, TypeError, "use_cache"),
 ])
 def test_bad_input_names_the_argument(args, kwargs, error, name):
     with pytest.raises(error, match=name):

@@ -1,10 +1,13 @@
 """minillm.positional against naive formulas, Hugging Face's Llama and BLOOM code, and the papers."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minillm.positional import (
+    POSITIONS,
+    ALiBi,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
@@ -326,3 +329,100 @@ def test_alibi_refuses_bad_sizes(args, name):
         for bad in (0, 2.5, True):
             with pytest.raises(ValueError, match="n_heads"):
                 alibi_slopes(bad)
+
+
+# --- per-row positions and the registry ------------------------------------------------
+
+ROWS = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 7]])  # (batch, seq), as a left-padded batch gives
+
+
+@pytest.mark.parametrize("layer", [LearnedPositionalEmbedding(10, 6), SinusoidalPositionalEncoding(6)])
+def test_embedding_layers_take_a_row_of_positions_per_sequence(layer):
+    got = layer(ROWS)
+    assert got.shape == (3, 6, 6)
+    for row in range(3):
+        torch.testing.assert_close(got[row], layer(ROWS[row]))
+    with pytest.raises(ValueError, match="positions"):
+        layer(ROWS[None])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_rotates_each_sequence_by_its_own_positions(interleaved):
+    rotary = RotaryEmbedding(8, theta=500.0, interleaved=interleaved)
+    x = torch.randn(3, 2, 6, 8, dtype=torch.float64)
+    got = rotary.rotate(x, ROWS)
+    expected = torch.stack([apply_rope(x[b], ROWS[b], 500.0, interleaved) for b in range(3)])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(rotary.rotate(x, ROWS[1].expand(3, 6)), rotary.rotate(x, ROWS[1]))
+    for bad in (ROWS[:2], ROWS[:, :5]):
+        with pytest.raises(ValueError, match="positions"):
+            rotary.rotate(x, bad)
+
+
+@pytest.mark.parametrize("n_heads,q_len,k_len", [(1, 1, 1), (4, 5, 5), (6, 3, 8), (12, 1, 20)])
+def test_alibi_layer_equals_alibi_bias_on_the_positions_it_assumes(n_heads, q_len, k_len):
+    layer = ALiBi(n_heads)
+    got = layer(torch.arange(k_len - q_len, k_len), torch.arange(k_len))
+    torch.testing.assert_close(got, naive_alibi(n_heads, q_len, k_len))
+    assert list(layer.parameters()) == [] and layer.state_dict() == {}
+
+
+def test_alibi_layer_per_row_matches_bloom_with_its_padding_mask():
+    # BLOOM builds its bias from the padding mask (positions = cumsum(mask) - 1); it adds
+    # slope * key_position, which differs from ours by a constant per query row, so the
+    # softmax weights over the real, earlier keys agree.
+    pytest.importorskip("transformers")
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    n_heads, seq = 6, 7
+    # left padding, none, and holes (where counting real tokens differs from counting slots)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 1, 1, 0, 1]], dtype=torch.bool)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ours = ALiBi(n_heads)(positions, positions)
+    assert ours.shape == (3, n_heads, seq, seq)
+    bloom = build_alibi_tensor(mask.long(), n_heads, torch.float32).reshape(3, n_heads, 1, seq)
+    scores = torch.randn(3, n_heads, seq, seq)
+    allowed = torch.ones(seq, seq, dtype=torch.bool).tril() & mask[:, None, None, :]
+    for b, row in enumerate(mask):
+        real = row.nonzero().flatten()
+        weights = [torch.softmax((scores + bias).masked_fill(~allowed, float("-inf"))[b][:, real][:, :, real], dim=-1)
+                   for bias in (ours, bloom)]
+        torch.testing.assert_close(*weights)
+
+
+def test_alibi_layer_refuses_mismatched_positions():
+    layer = ALiBi(4)
+    with pytest.raises(ValueError, match="q_positions"):
+        layer(torch.arange(3), ROWS)
+    with pytest.raises(TypeError, match="positions"):
+        layer(torch.arange(3.0), torch.arange(3))
+
+
+def _config(**kw):
+    values = dict(context_length=16, d_model=12, n_heads=3, head_dim=4, init_std=0.02, rope_theta=100.0,
+                  architecture="decoder")
+    return SimpleNamespace(**{**values, **kw})
+
+
+def test_positions_registry_names_each_layer_with_its_role():
+    assert POSITIONS.names() == ("alibi", "learned", "rope", "sinusoidal")
+    expected = {"learned": (LearnedPositionalEmbedding, "embedding"), "sinusoidal": (SinusoidalPositionalEncoding, "embedding"),
+                "rope": (RotaryEmbedding, "rotary"), "alibi": (ALiBi, "bias")}
+    for name, (layer_class, role) in expected.items():
+        assert POSITIONS.get(name) is layer_class and layer_class.role == role
+        assert isinstance(layer_class.from_config(_config()), layer_class)
+    learned = LearnedPositionalEmbedding.from_config(_config())
+    assert learned.weight.shape == (16, 12) and learned.init_std == 0.02
+    assert SinusoidalPositionalEncoding.from_config(_config()).table.shape == (16, 12)
+    assert RotaryEmbedding.from_config(_config()).theta == 100.0 and ALiBi.from_config(_config()).n_heads == 3
+    with pytest.raises(ValueError, match="unknown position encoding 'nope'"):
+        POSITIONS.get("nope")
+
+
+@pytest.mark.parametrize("name, overrides, message", [
+    ("sinusoidal", dict(d_model=9), "even d_model"), ("rope", dict(head_dim=5), "RoPE"),
+    ("alibi", dict(architecture="encoder"), "ALiBi"),
+])
+def test_from_config_refuses_what_the_layer_cannot_serve(name, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        POSITIONS.get(name).from_config(_config(**overrides))

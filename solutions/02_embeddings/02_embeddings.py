@@ -99,14 +99,21 @@ import math
 import torch
 import torch.nn.functional as F
 
+from minillm.checks import boolean, eager_only, positive_int, positive_number
+
 
 def check_ids(ids: torch.Tensor, vocab_size: int) -> None:
-    """Refuse token ids that are not an integer tensor with values in [0, vocab_size)."""
+    """Refuse token ids that are not an integer tensor with values in [0, vocab_size).
+
+    The values are read in eager mode only: under ``torch.compile`` reading them would
+    split the compiled graph, so there only the dtype is checked.
+    """
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), got the id {bad}")
+    if eager_only() and ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), got the id {low if low < 0 else high}")
 
 # %%
 #| answer one_hot_embed
@@ -237,13 +244,9 @@ class TokenEmbedding(torch.nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool = False, init_std: float | None = None):
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if init_std is not None and not init_std > 0:
-            raise ValueError(f"init_std must be positive, got {init_std!r}")
-        self.vocab_size, self.d_model, self.scale = vocab_size, d_model, bool(scale)
-        self.init_std = d_model**-0.5 if init_std is None else float(init_std)
+        self.vocab_size, self.d_model = positive_int("vocab_size", vocab_size), positive_int("d_model", d_model)
+        self.scale = boolean("scale", scale)
+        self.init_std = d_model**-0.5 if init_std is None else positive_number("init_std", init_std)
         self.weight = torch.nn.Parameter(torch.empty(vocab_size, d_model))
         self.reset_parameters()
 
@@ -259,7 +262,7 @@ class TokenEmbedding(torch.nn.Module):
         """The tied output head: (..., d_model) → (..., vocab_size) scores, x @ weight.T."""
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must end with d_model={self.d_model}, got shape {tuple(x.shape)}")
-        return x @ self.weight.T
+        return F.linear(x, self.weight)  # x @ weight.T, as one fused call (what nn.Linear does)
 
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.d_model}, scale={self.scale}"

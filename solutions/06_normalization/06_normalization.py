@@ -1113,7 +1113,8 @@ class TransformerBlock(nn.Module):
     d_model, n_heads, d_ff: width, query heads, the FFN's hidden width. n_kv_heads: key/value
     heads (grouped-query attention; default n_heads). norm: "layernorm" or "rmsnorm".
     norm_placement: "pre" or "post". ffn: a name in chapter 05's FFN registry ("gelu",
-    "gelu_tanh", "relu", "swiglu", ...), built with ``bias`` and ``dropout``. bias: biases in the
+    "gelu_tanh", "relu", "swiglu", ...), built with ``bias``, ``dropout`` and the keyword arguments
+    in ``ffn_options`` (None or a dict: a model config's options for its FFN). bias: biases in the
     attention and FFN projections and LayerNorm's shift. dropout: on the attention weights and
     on each sub-layer's output. attention_backend: a registered backend ("math", "sdpa").
     rotary: None or a callable rotary(x, positions) → x for the queries and keys, such as
@@ -1128,7 +1129,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, n_kv_heads: int | None = None, norm: str = "layernorm",
                  norm_placement: str = "pre", ffn: str = "gelu", bias: bool = True, dropout: float = 0.0,
                  attention_backend: str = "math", rotary=None, eps: float = 1e-5, causal: bool = True,
-                 fused_qkv: bool = True):
+                 fused_qkv: bool = True, ffn_options: dict | None = None):
         super().__init__()
         one_of("norm_placement", norm_placement, NORM_PLACEMENTS)
         self.d_model, self.norm_placement = d_model, norm_placement
@@ -1136,7 +1137,7 @@ class TransformerBlock(nn.Module):
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout,
                                        backend=attention_backend, causal=causal, rotary=rotary, fused_qkv=fused_qkv)
         self.norm2 = build_norm(norm, d_model, eps=eps, bias=bias)
-        self.ffn = build_ffn(ffn, d_model, d_ff, bias=bias, dropout=dropout)
+        self.ffn = build_ffn(ffn, d_model, d_ff, bias=bias, dropout=dropout, **(ffn_options or {}))
         self.dropout = nn.Dropout(dropout)
 
     def extra_repr(self) -> str:
