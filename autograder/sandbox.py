@@ -7,7 +7,8 @@ What the sandbox gives the learner's process, strongest first:
   variables, no ``NBGRADER_EXECUTION``), resource limits (address space, file size,
   processes, no core files, open files), and its standard streams sent nowhere;
 - when the grader runs as root and the kernel allows namespaces (``unshare``): no network
-  (a new network namespace with only a down loopback), its own PID namespace (it sees
+  (a new network namespace whose only interface is its own loopback, up: the learner's
+  processes can talk to each other on 127.0.0.1 and reach nothing else), its own PID namespace (it sees
   only its own processes, and all of them die with it), a new root file system holding
   only the system, the Python installation, the course package and data and the sandbox
   folder (no solutions, hidden tests, gradebook, other submissions or results), and an
@@ -299,7 +300,7 @@ class Sandbox:
         spec = {
             "uid": self.uid, "gid": self.gid, "cwd": str(self.work), "env": self.env,
             "rlimits": self.rlimits(), "connection_file": connection_file,
-            "isolate_files": self.isolation.namespaces, "root": str(self.base / "rootfs"),
+            "isolate_files": self.isolation.namespaces, "loopback": self.isolation.namespaces, "root": str(self.base / "rootfs"),
             "read_only": read_only_paths(), "writable": [str(self.share)], "tmp_bytes": self.limits.tmp,
         }
         spec_path = self.base / "spec.json"

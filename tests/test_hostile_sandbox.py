@@ -1,0 +1,130 @@
+"""The hostile corpus, round 3: the sandbox and the judge, generated on the fixture chapter.
+
+One small batch (``--jobs 2``) holds the learner cells that need the sandbox's network
+(a socket on 127.0.0.1 and a 2-rank gloo all-reduce), correct answers slow enough that one
+budget for the whole judge would run out, and answers that try to tell whether they are
+being graded. Cheaper cases below it start the sandbox without a kernel: its user ids, which
+processes it kills, and its CPU share.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder import sandbox as sandbox_module
+from autograder.chapters import Chapter
+from autograder.grade import grade_files
+from autograder.sandbox import Limits, Sandbox, isolation
+
+from . import grading_fixture as fx
+from .test_hostile import RIGHT_COUNT, RIGHT_SCALE, flags, learner_outputs
+
+pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="hostile-sandbox")]
+
+MiB = 2**20
+LIMITS = Limits(cell_timeout=30, notebook_timeout=90, call_timeout=8, memory=768 * MiB, file_size=8 * MiB,
+                processes=128, output=256 * 1024, tmp=64 * MiB)
+
+# A learner cell: talk to itself on 127.0.0.1, try to reach the outside, then run two
+# processes that all-reduce a tensor with gloo over the loopback (as a DDP cell does).
+NETWORK_AND_GLOO = '''
+import json, os, socket, multiprocessing
+import torch, torch.distributed as dist
+report = {"interfaces": [name for _, name in socket.if_nameindex()]}
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(1)
+client = socket.create_connection(server.getsockname(), timeout=2)
+peer, _ = server.accept()
+client.sendall(b"ping")
+report["loopback"] = peer.recv(4).decode()
+for host in ("10.0.0.1", "1.1.1.1", "192.168.1.1"):
+    try:
+        socket.create_connection((host, 80), timeout=2)
+        report[host] = "connected"
+    except OSError as error:
+        report[host] = type(error).__name__
+def _rank(rank, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    queue.put((rank, value.item()))
+    dist.destroy_process_group()
+free = socket.socket()
+free.bind(("127.0.0.1", 0))
+port = free.getsockname()[1]
+free.close()
+try:
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    ranks = [context.Process(target=_rank, args=(rank, port, queue)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    report["all_reduce"] = sorted(queue.get(timeout=20) for _ in ranks)
+    for process in ranks:
+        process.join(10)
+    report["exit_codes"] = [process.exitcode for process in ranks]
+except Exception as error:
+    report["all_reduce"] = f"{type(error).__name__}: {error}"
+print("REPORT " + json.dumps(report))
+'''
+
+
+def _cases() -> dict:
+    """name → (answers, points deserved)."""
+    return {
+        "honest": ({"scale": RIGHT_SCALE, "count_weights": RIGHT_COUNT}, 6),
+        "network_gloo": ({"scale": NETWORK_AND_GLOO + RIGHT_SCALE, "count_weights": RIGHT_COUNT}, 6),
+    }
+
+
+def _grade(root: Path) -> dict:
+    master = fx.write_master(root / "master")
+    chapter = Chapter.from_master(master, fx.SLUG)
+    subs, out, scratch = root / "subs", root / "out", root / "scratch"
+    scratch.mkdir()
+    for name, (answers, _) in _cases().items():
+        fx.write(fx.submission(chapter, answers), subs / f"{name}__{fx.SLUG}.ipynb")
+    started = time.monotonic()
+    batch = grade_files([subs], out, master=master, jobs=2, limits=LIMITS, scratch=scratch)
+    return {"results": {job.student: outcome for job, outcome in batch.rows}, "out": str(out),
+            "master": str(master), "scratch": str(scratch), "seconds": time.monotonic() - started}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    done = fx.once(tmp_path_factory, "hostile-sandbox", _grade)
+    master = Path(done["master"])
+    return {**done, "out": Path(done["out"]), "chapter": Chapter.from_master(master, fx.SLUG)}
+
+
+def needs_namespaces():
+    if not isolation().namespaces:
+        pytest.skip(f"needs the namespace sandbox: {isolation().reason}")
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_each_case_scores_what_it_earns(graded, name):
+    outcome = graded["results"][name]
+    assert outcome["score"] == _cases()[name][1], [(t["name"], t["output"][:300]) for t in outcome["tests"]]
+    assert not outcome["extra_data"].get("grader_error"), outcome["extra_data"].get("grader_error")
+
+
+def test_the_loopback_is_up_and_a_two_rank_gloo_run_completes(graded):
+    needs_namespaces()
+    printed = learner_outputs(graded, "network_gloo")
+    found = re.search(r"^REPORT (\{.*\})$", printed, re.M)
+    assert found, printed[-2000:]
+    report = json.loads(found.group(1))
+    assert report["interfaces"] == ["lo"], report
+    assert report["loopback"] == "ping", report
+    for host in ("10.0.0.1", "1.1.1.1", "192.168.1.1"):
+        assert report[host] != "connected", report
+    assert report["all_reduce"] == [[0, 3.0], [1, 3.0]], report
+    assert report["exit_codes"] == [0, 0], report
