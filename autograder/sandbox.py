@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import grp
 import random
 import shutil
 import signal
@@ -35,6 +37,75 @@ from pathlib import Path
 LAUNCHER = Path(__file__).with_name("_launch.py")
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 GiB, MiB = 2**30, 2**20
+# The sandboxes' user ids: above the ranges that systems, containers (subordinate ids from
+# 100000), systemd (up to 65535) and directory services (SSSD's and winbind's id mapping,
+# 200000 to about 2,000,200,000) hand out, below 2**31. Each one drawn is checked to be
+# unused (no passwd or group entry, no running process) before it is used.
+UID_RANGE = (2_100_000_000, 2_140_000_000)
+_uids_in_use: set[int] = set()
+
+
+def uid_in_use(uid: int) -> bool:
+    """Whether ``uid`` names a user or group here (passwd, group, directory services through
+    NSS) or owns a running process."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+        except OverflowError:
+            return True
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def draw_uid(attempts: int = 64) -> int:
+    """A user id of :data:`UID_RANGE` that nothing on this machine uses (nor another sandbox
+    of this grader)."""
+    low, high = UID_RANGE
+    for _ in range(attempts):
+        uid = random.randrange(low, high)
+        if uid not in _uids_in_use and not uid_in_use(uid):
+            _uids_in_use.add(uid)
+            return uid
+    raise RuntimeError(f"no unused user id found in {low}-{high} after {attempts} tries")
+
+
+def pid_namespace_members(namespace: str) -> list[int]:
+    """The processes that run in the PID namespace ``namespace`` (as ``readlink`` of
+    ``/proc/PID/ns/pid`` names it: ``pid:[INODE]``), never in the grader's own."""
+    if not namespace or namespace == os.readlink("/proc/self/ns/pid"):
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "pid") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def kill_namespace(namespace: str) -> None:
+    """Kill every process of the PID namespace ``namespace`` (and only those)."""
+    for attempt in range(20):
+        members = pid_namespace_members(namespace)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+        time.sleep(0.05)
 
 
 @dataclass
@@ -191,6 +262,10 @@ def sweep_stale(parent: Path | None = None) -> list[Path]:
             continue
         if start_time(int(pid)) != started:
             _kill_processes_mentioning(folder)
+            try:
+                kill_namespace((folder / "pidns").read_text().strip())
+            except OSError:
+                pass
             if os.path.ismount(folder / "share"):
                 unmount(folder / "share")
             shutil.rmtree(folder, ignore_errors=True)
@@ -247,7 +322,7 @@ class Sandbox:
             folder.mkdir(mode=0o755 if folder == self.req else 0o700)
         self.uid = self.gid = None
         if self.isolation.namespaces:
-            self.uid = self.gid = random.randrange(200_000, 2_000_000)
+            self.uid = self.gid = draw_uid()
             for folder in (self.work, self.rep, self.kernel_dir):
                 os.chown(folder, self.uid, self.gid)
         threads = limits.threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
@@ -302,6 +377,7 @@ class Sandbox:
             "rlimits": self.rlimits(), "connection_file": connection_file,
             "isolate_files": self.isolation.namespaces, "loopback": self.isolation.namespaces, "root": str(self.base / "rootfs"),
             "read_only": read_only_paths(), "writable": [str(self.share)], "tmp_bytes": self.limits.tmp,
+            "pidns_file": str(self.base / "pidns") if self.isolation.namespaces else None,
         }
         spec_path = self.base / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -316,27 +392,23 @@ class Sandbox:
         if self.uid is not None:
             os.chown(path, self.uid, self.gid)
 
+    def pid_namespace(self) -> str:
+        """The PID namespace this sandbox's processes run in ("" before they start, or
+        without namespaces): the launcher notes it, as root, before it runs anything."""
+        try:
+            return (self.base / "pidns").read_text().strip()
+        except OSError:
+            return ""
+
     def kill_all(self) -> None:
-        """Kill every process of this sandbox (its user's, or, without one, nothing more)."""
-        if self.uid is None:
-            return
-        for attempt in range(3):
-            alive = False
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    if entry.stat().st_uid == self.uid:
-                        alive = True
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except (OSError, ProcessLookupError):
-                    continue
-            if not alive:
-                return
-            time.sleep(0.05)
+        """Kill every process of this sandbox: those in its PID namespace, and no other
+        (another process of the same user id is not this sandbox's). Without namespaces the
+        kernel's process group is killed by its manager, and nothing more is done here."""
+        kill_namespace(self.pid_namespace())
 
     def remove(self) -> None:
         self.kill_all()
+        _uids_in_use.discard(self.uid)
         if self.mounted:
             unmount(self.share)
         shutil.rmtree(self.base, ignore_errors=True)

@@ -128,3 +128,88 @@ def test_the_loopback_is_up_and_a_two_rank_gloo_run_completes(graded):
         assert report[host] != "connected", report
     assert report["all_reduce"] == [[0, 3.0], [1, 3.0]], report
     assert report["exit_codes"] == [0, 0], report
+
+
+# --------------------------------------------------------------------- without a kernel
+SMALL = Limits(memory=256 * MiB, processes=64, tmp=16 * MiB)
+
+
+def _wait_for(path: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_killing_a_sandbox_spares_other_processes_of_its_user_id(tmp_path):
+    """A process of the same user id outside the sandbox (a directory-service user whose id
+    it happens to be) survives; every process inside, a detached grandchild too, dies."""
+    needs_namespaces()
+    box = Sandbox(SMALL, parent=tmp_path)
+    stranger = subprocess.Popen(["sleep", "60"], user=box.uid, group=box.gid)
+    inside = None
+    try:
+        script = box.work / "run.py"
+        script.write_text("import os, subprocess, time\n"
+                          "if os.fork() == 0:\n    os.setsid()\n    subprocess.Popen(['sleep', '60'])\n"
+                          "    open('started', 'w').close()\n    time.sleep(60)\n"
+                          "time.sleep(60)\n")
+        box.chown(script)
+        inside = subprocess.Popen(box.command([sys.executable, str(script)]))
+        _wait_for(box.work / "started")
+        assert len(set(_processes_of(box.uid)) - {stranger.pid}) >= 3
+        box.kill_all()
+        deadline = time.monotonic() + 5
+        while set(_processes_of(box.uid)) - {stranger.pid} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(_processes_of(box.uid)) - {stranger.pid} == set(), "a process of the sandbox survived"
+        assert stranger.poll() is None, "kill_all killed a process outside the sandbox"
+    finally:
+        stranger.kill()
+        stranger.wait()
+        if inside is not None:
+            inside.kill()
+            inside.wait()
+        box.remove()
+
+
+def test_sandbox_user_ids_are_dedicated_and_checked_unused(tmp_path, monkeypatch):
+    needs_namespaces()
+    import pwd
+
+    low, high = sandbox_module.UID_RANGE
+    assert low > 2_000_200_000 and high < 2**31, "the range must clear directory services' id mapping"
+    box = Sandbox(SMALL, parent=tmp_path)
+    try:
+        assert low <= box.uid < high
+        with pytest.raises(KeyError):
+            pwd.getpwuid(box.uid)
+    finally:
+        box.remove()
+    # An id that a running process owns is never drawn; nor one this grader already uses.
+    stranger = subprocess.Popen(["sleep", "60"], user=low, group=low)
+    try:
+        monkeypatch.setattr(sandbox_module, "UID_RANGE", (low, low + 2))
+        assert sandbox_module.draw_uid() == low + 1
+        with pytest.raises(RuntimeError, match="no unused user id"):
+            sandbox_module.draw_uid()
+    finally:
+        sandbox_module._uids_in_use.discard(low + 1)
+        stranger.kill()
+        stranger.wait()
+    # An id with a passwd entry (root's) is never drawn.
+    monkeypatch.setattr(sandbox_module, "UID_RANGE", (0, 1))
+    with pytest.raises(RuntimeError):
+        sandbox_module.draw_uid()
