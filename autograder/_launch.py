@@ -101,6 +101,10 @@ def main(argv):
         # the processes in it, never other processes of the same user id.
         with open(spec["pidns_file"], "w") as stream:
             stream.write(os.readlink("/proc/self/ns/pid"))
+    if spec.get("cgroup"):
+        # The sandbox's own cgroup, of the same CPU weight as every other sandbox's.
+        with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as stream:
+            stream.write(str(os.getpid()))
     if spec.get("loopback"):
         loopback_up()
     if spec.get("isolate_files"):

@@ -138,7 +138,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
         "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
-        "names": learner_names, "uid": sandbox.uid,
+        "names": learner_names, "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
         "call_timeout": limits.call_timeout, "seed": seed, "memory": judge_memory(limits),
         "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
@@ -172,7 +172,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
         judge_pid = fallback.pid
     judge = (judge_pid, start_time(judge_pid))
     kernel = StudentKernel(sandbox, limits, notebook)
-    flags = list(sandbox.isolation.flags)
+    flags = list(sandbox.flags)
     seconds = {}
     judge_error = ""
     verdicts: list[dict] = []

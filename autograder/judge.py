@@ -170,6 +170,17 @@ class Remote:
         probe = self._execute("None", 5.0)
         return probe is not None
 
+    def _cpu_sample(self):
+        """What the learner's processes got of the CPUs so far (None when they cannot be told)."""
+        from .sandbox import cpu_sample, pid_namespace_members
+
+        try:
+            namespace = Path(self.plan.get("pidns_file") or "").read_text().strip()
+        except OSError:
+            return None
+        members = pid_namespace_members(namespace)
+        return cpu_sample(members) if members else None
+
     def _read_reply(self, call_id: str) -> bytes | None:
         try:
             fd = os.open(call_id, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.rep_fd)
@@ -203,15 +214,22 @@ class Remote:
         with os.fdopen(fd, "wb") as stream:
             stream.write(data)
         label = fields.get("name") or fields.get("label") or what
+        before = self._cpu_sample()
         try:
             reply = self._execute(f"__grader_serve__({call_id!r})", self.timeout)
             if reply is None:
                 if self.down:
                     self.events.append({"kind": "kernel-died", "detail": f"during a call of {label}"})
                     raise Unavailable(self.down + f" during a call of {label}")
+                from .sandbox import load_note
+
+                note, loaded = load_note(before, self._cpu_sample())
                 recovered = self._interrupt()
                 self.events.append({"kind": "call-timeout", "detail": f"{label} did not return within "
-                                    f"{self.timeout:g} s" + ("" if recovered else " and could not be stopped")})
+                                    f"{self.timeout:g} s" + ("" if recovered else " and could not be stopped")
+                                    + (f"; {note}" if note else "")})
+                if loaded:
+                    self.events.append({"kind": "limit-under-load", "detail": f"the call of {label}: {note}"})
                 if not recovered:
                     self.down = (f"not run: your notebook's process was still busy with {label}, which did not "
                                  f"return within {self.timeout:g} s and could not be stopped")

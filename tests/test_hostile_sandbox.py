@@ -213,3 +213,78 @@ def test_sandbox_user_ids_are_dedicated_and_checked_unused(tmp_path, monkeypatch
     monkeypatch.setattr(sandbox_module, "UID_RANGE", (0, 1))
     with pytest.raises(RuntimeError):
         sandbox_module.draw_uid()
+
+
+def _in_sandbox(box: Sandbox, source: str) -> subprocess.Popen:
+    script = box.work / "run.py"
+    script.write_text(source)
+    box.chown(script)
+    return subprocess.Popen(box.command([sys.executable, str(script)]))
+
+
+def test_each_sandbox_of_a_batch_gets_its_own_cgroup_of_equal_cpu_weight(tmp_path):
+    """Under --jobs > 1 every sandbox's processes sit in a cgroup of their own with the same
+    weight as every other sandbox's; without a usable cgroup every result says so."""
+    needs_namespaces()
+    boxes = [Sandbox(SMALL, jobs=2, parent=tmp_path) for _ in range(2)]
+    running = []
+    try:
+        share = sandbox_module.cpu_share()
+        if share.kind == "none":
+            assert all(any(f["kind"] == "no-cpu-share" for f in box.flags) for box in boxes)
+            pytest.skip(f"no usable cgroup here: {share.reason}")
+        weight = "cpu.weight" if share.kind == "cgroup2" else "cpu.shares"
+        for box in boxes:
+            running.append(_in_sandbox(box, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n"))
+        for box in boxes:
+            _wait_for(box.work / "started")
+            assert box.cgroup and Path(box.cgroup).parent == Path(share.parent)
+            members = {int(pid) for pid in (Path(box.cgroup) / "cgroup.procs").read_text().split()}
+            assert set(box.pids()) and set(box.pids()) <= members, (box.pids(), members)
+            assert not any(f["kind"] == "no-cpu-share" for f in box.flags)
+        assert len({(Path(box.cgroup) / weight).read_text() for box in boxes}) == 1
+        assert boxes[0].cgroup != boxes[1].cgroup
+    finally:
+        for process in running:
+            process.kill()
+            process.wait()
+        for box in boxes:
+            box.remove()
+    assert not any(Path(box.cgroup).exists() for box in boxes if box.cgroup), "a sandbox's cgroup was left behind"
+
+
+def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_path):
+    """The CPU a sandbox got over a wall-clock limit, and how long it waited for one: a
+    starved neighbour (runnable, waiting) reads as 'under load', a sleep does not."""
+    needs_namespaces()
+    box = Sandbox(SMALL, parent=tmp_path)
+    hogs = []
+    try:
+        busy = _in_sandbox(box, "import time\nopen('started', 'w').close()\nwhile True:\n    pass\n")
+        _wait_for(box.work / "started")
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
+        time.sleep(0.3)
+        start = box.cpu_sample()
+        time.sleep(1.5)
+        note, loaded = sandbox_module.load_note(start, box.cpu_sample())
+        assert loaded and note.startswith("limit fired under load: the kernel got"), note
+        assert re.search(r"got \d+% of a core", note), note
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        busy.kill()
+        busy.wait()
+        box.remove()
+    box = Sandbox(SMALL, parent=tmp_path)
+    try:
+        sleeper = _in_sandbox(box, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n")
+        _wait_for(box.work / "started")
+        start = box.cpu_sample()
+        time.sleep(0.5)
+        note, loaded = sandbox_module.load_note(start, box.cpu_sample())
+        assert not loaded and "waiting on something" in note, note
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        box.remove()
