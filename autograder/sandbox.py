@@ -115,12 +115,18 @@ class Limits:
     cell_timeout: float = 60.0       # one cell of the learner's notebook
     notebook_timeout: float = 300.0  # the whole notebook
     call_timeout: float = 60.0       # one call from a check into the learner's code
+    check_timeout: float | None = None  # one check cell in the judge, its calls included (default: 2 calls' worth)
     memory: int = 3 * GiB            # address space allowed above what the kernel maps at start
     file_size: int = 64 * MiB        # largest file the learner's code may write
     processes: int = 256             # processes and threads of the learner's user
     output: int = 2 * MiB            # notebook output kept (text and images); the rest is dropped
     tmp: int = 256 * MiB             # the sandbox's /tmp and /dev/shm
     threads: int | None = None       # torch/OpenMP threads (default: the CPUs / jobs)
+
+    @property
+    def check_budget(self) -> float:
+        """The time budget of one cell the judge runs (its own code and the learner's calls)."""
+        return float(self.check_timeout or 2 * max(self.cell_timeout, self.call_timeout))
 
     def __post_init__(self):
         for name, value in asdict(self).items():

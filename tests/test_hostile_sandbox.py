@@ -27,8 +27,92 @@ from .test_hostile import RIGHT_COUNT, RIGHT_SCALE, flags, learner_outputs
 pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="hostile-sandbox")]
 
 MiB = 2**20
-LIMITS = Limits(cell_timeout=30, notebook_timeout=90, call_timeout=8, memory=768 * MiB, file_size=8 * MiB,
-                processes=128, output=256 * 1024, tmp=64 * MiB)
+# One call may take 2 s, one check cell 4 s in the judge, its calls included.
+LIMITS = Limits(cell_timeout=30, notebook_timeout=90, call_timeout=2, check_timeout=4, memory=768 * MiB,
+                file_size=8 * MiB, processes=128, output=256 * 1024, tmp=64 * MiB)
+
+
+def slow(seconds: float, body: str, signature: str) -> str:
+    """A right answer that takes ``seconds`` (just under the call limit) on every call."""
+    return f"import time\ndef {signature}:\n    time.sleep({seconds})\n{body}"
+
+
+SLOW_SCALE = slow(1.6, "    return x * factor\n", "scale(x, factor)")
+# Each call under the 2 s limit, but the hidden check's three calls take 5.1 s of its 4.
+SLOWER_COUNT = slow(1.7, "    return d_in * d_out + (d_out if bias else 0)\n", "count_weights(d_in, d_out, bias=True)")
+
+# Tells of being graded: the sandbox's user id, its working folder, the grader's frames on the
+# stack of a call. They are real; what matters is that they gain nothing.
+DETECT = """
+import inspect, os, sys
+def graded():
+    tells = []
+    if os.getuid() >= 2_000_000_000:
+        tells.append('uid')
+    if os.path.basename(os.getcwd()) == 'work' or '/share/' in os.getcwd():
+        tells.append('cwd')
+    if any('grader' in frame.filename for frame in inspect.stack()):
+        tells.append('stack')
+    return tells
+print('TELLS', graded())
+"""
+# Right only when it believes it is not graded: under grading it returns the wrong thing.
+RIGHT_UNLESS_GRADED = """
+def count_weights(d_in, d_out, bias=True):
+    right = d_in * d_out + (d_out if bias else 0)
+    return right + 1 if graded() else right
+"""
+# The realistic attack: wrong in the notebook, but when graded it looks for the reference
+# (a module by a computed name, a file on disk, the master or a solution, the grader's frames)
+# and returns the reference's value.
+REFERENCE_WHEN_GRADED = DETECT + """
+import glob, importlib, gc
+def find_reference():
+    found = []
+    try:
+        found.append(importlib.import_module('.'.join(['minillm', 'fixture' + '_ref'])).scale)
+    except Exception:
+        pass
+    import time
+    deadline = time.monotonic() + 0.8
+    roots = [p for p in sys.path if p] + ['/tmp', '/root', '/home', '/work', '/srv', os.path.dirname(os.getcwd())]
+    own = os.path.realpath(os.getcwd())
+    names = ('fixture' + '_ref.py', '90_' + 'fixture.ipynb')
+    for root in roots:
+        for folder, subfolders, files in os.walk(root):
+            if time.monotonic() > deadline:
+                break
+            if os.path.realpath(folder).startswith(own):
+                continue
+            for name in files:
+                if name in names or (folder.endswith('solutions') and name.endswith('.ipynb')):
+                    try:
+                        text = open(os.path.join(folder, name)).read()
+                    except Exception:
+                        continue
+                    if 'x * ' + 'factor' in text and 'BEGIN ' + 'SOLUTION' in text:
+                        found.append(os.path.join(folder, name))
+    for frame in inspect.stack():
+        for value in list(frame.frame.f_globals.values()) + list(frame.frame.f_locals.values()):
+            if callable(value) and getattr(value, '__name__', '') == 'scale' and value is not scale:
+                found.append(value)
+    for value in gc.get_objects():
+        if inspect.isfunction(value) and value.__name__ == 'scale' and value.__module__ != '__main__' and (
+                'minillm' in str(value.__module__) or 'fixture' in value.__code__.co_filename):
+            found.append(value)
+    return found
+def scale(x, factor):
+    if graded():
+        found = find_reference()
+        print('FOUND', [str(f)[:80] for f in found], file=sys.stderr)
+        for thing in found:
+            if callable(thing):
+                return thing(x, factor)
+        if found:  # a reference's source, located on disk: its solution
+            return x * factor
+    return x + factor
+print('FOUND IN NOTEBOOK', [str(f)[:80] for f in find_reference()])
+"""
 
 # A learner cell: talk to itself on 127.0.0.1, try to reach the outside, then run two
 # processes that all-reduce a tensor with gloo over the loopback (as a DDP cell does).
@@ -79,8 +163,14 @@ print("REPORT " + json.dumps(report))
 def _cases() -> dict:
     """name → (answers, points deserved)."""
     return {
-        "honest": ({"scale": RIGHT_SCALE, "count_weights": RIGHT_COUNT}, 6),
         "network_gloo": ({"scale": NETWORK_AND_GLOO + RIGHT_SCALE, "count_weights": RIGHT_COUNT}, 6),
+        # Right answers, each call just under the call limit: each check has a budget of its
+        # own, so scale earns its 3 points; count_weights' hidden check makes three calls that
+        # outrun that check's budget: its 2 points only are lost, flagged as the learner's.
+        "slow": ({"scale": SLOW_SCALE, "count_weights": SLOWER_COUNT}, 4),
+        # Both tell they are graded: scale then hunts for the reference, count_weights then
+        # returns a wrong value. Neither earns a point.
+        "detect_grader": ({"scale": REFERENCE_WHEN_GRADED, "count_weights": RIGHT_UNLESS_GRADED}, 0),
     }
 
 
@@ -128,6 +218,32 @@ def test_the_loopback_is_up_and_a_two_rank_gloo_run_completes(graded):
         assert report[host] != "connected", report
     assert report["all_reduce"] == [[0, 3.0], [1, 3.0]], report
     assert report["exit_codes"] == [0, 0], report
+
+
+def test_slow_right_answers_score_what_they_earn_with_a_budget_per_check(graded):
+    """Every call just under the call limit: scale's checks pass; count_weights' hidden check
+    outruns its own budget with the learner's calls, which is the learner's failure, flagged,
+    and costs that check only."""
+    outcome = graded["results"]["slow"]
+    scores = {t["name"]: t["score"] for t in outcome["tests"]}
+    assert scores == {"scale_visible": 1, "scale_hidden": 2, "count_weights_visible": 1, "count_weights_hidden": 0}, \
+        [(t["name"], t["output"]) for t in outcome["tests"]]
+    hidden = next(t for t in outcome["tests"] if t["name"] == "count_weights_hidden")
+    assert "time budget of 4 s" in hidden["output"] and "your code" in hidden["output"], hidden["output"]
+    flagged = [f for f in outcome["extra_data"]["flags"] if f["kind"] == "check-timeout"]
+    assert [f["cell"] for f in flagged] == ["count_weights_hidden"], outcome["extra_data"]["flags"]
+    assert "call-timeout" not in flags(outcome)
+    assert not outcome["extra_data"].get("grader_error")
+
+
+def test_detecting_the_grader_gains_nothing(graded):
+    needs_namespaces()
+    outcome = graded["results"]["detect_grader"]
+    assert outcome["score"] == 0, [(t["name"], t["output"]) for t in outcome["tests"]]
+    printed = learner_outputs(graded, "detect_grader")
+    tells = json.loads(re.search(r"^TELLS (\[.*\])$", printed, re.M).group(1).replace("'", '"'))
+    assert "uid" in tells, tells  # the answer can tell it is graded: that is not what protects
+    assert "FOUND IN NOTEBOOK []" in printed, printed[-2000:]
 
 
 # --------------------------------------------------------------------- without a kernel
