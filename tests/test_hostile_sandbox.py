@@ -404,3 +404,23 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
         sleeper.kill()
         sleeper.wait()
         box.remove()
+
+
+def test_a_judge_that_dies_keeps_the_verdicts_it_reached(tmp_path):
+    """The judge writes each verdict as it has it: one that dies in its third cell keeps the
+    first two; the second, whose own code overran its budget, is the grader's fault."""
+    from autograder.execute import partial_verdicts
+
+    cells = [("ok = 1", True), ("while True:\n    pass", True), ("import os\nos._exit(3)", True), ("ok = 2", True)]
+    plan = {"cells": [{"index": i, "grade_id": f"check_{i}", "test": test, "source": source, "early": False}
+                      for i, (source, test) in enumerate(cells)],
+            "names": [], "uid": None, "req_dir": str(tmp_path), "rep_dir": str(tmp_path), "call_timeout": 1,
+            "check_timeout": 1, "seed": 1, "verdicts": str(tmp_path / "verdicts.jsonl")}
+    script = ("import json, sys\nfrom autograder import judge\nplan = json.loads(sys.argv[1])\n"
+              "judge.run(plan, {'alive': False, 'reason': 'not started'}, judge.shell_for(plan), [])\n")
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(plan)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert run.returncode == 3, run.stderr[-2000:]
+    kept = partial_verdicts(tmp_path / "verdicts.jsonl")
+    assert [(v["grade_id"], v["status"]) for v in kept] == [("check_0", "passed"), ("check_1", "failed")], kept
+    assert kept[1].get("judge_fault") and not kept[1].get("student"), kept[1]
