@@ -1,9 +1,9 @@
 """The hostile corpus, round 3: the sandbox and the judge, generated on the fixture chapter.
 
-One small batch (``--jobs 2``) holds the learner cells that need the sandbox's network
-(a socket on 127.0.0.1 and a 2-rank gloo all-reduce), correct answers slow enough that one
-budget for the whole judge would run out, and answers that try to tell whether they are
-being graded. Cheaper cases below it start the sandbox without a kernel: its user ids, which
+One small batch of two notebooks (``--jobs 2``) holds the learner cells that need the
+sandbox's network (a socket on 127.0.0.1 and a 2-rank gloo all-reduce) and answers that try
+to tell whether they are being graded, beside correct answers so slow that their checks need
+a time budget each. Cheaper cases below it start the sandbox without a kernel: its user ids, which
 processes it kills, and its CPU share.
 """
 import json
@@ -163,14 +163,14 @@ print("REPORT " + json.dumps(report))
 def _cases() -> dict:
     """name → (answers, points deserved)."""
     return {
-        "network_gloo": ({"scale": NETWORK_AND_GLOO + RIGHT_SCALE, "count_weights": RIGHT_COUNT}, 6),
         # Right answers, each call just under the call limit: each check has a budget of its
         # own, so scale earns its 3 points; count_weights' hidden check makes three calls that
         # outrun that check's budget: its 2 points only are lost, flagged as the learner's.
         "slow": ({"scale": SLOW_SCALE, "count_weights": SLOWER_COUNT}, 4),
-        # Both tell they are graded: scale then hunts for the reference, count_weights then
-        # returns a wrong value. Neither earns a point.
-        "detect_grader": ({"scale": REFERENCE_WHEN_GRADED, "count_weights": RIGHT_UNLESS_GRADED}, 0),
+        # Its scale cell first uses the loopback and runs gloo; both answers then tell they
+        # are graded: scale hunts for the reference, count_weights returns a wrong value.
+        # Neither earns a point.
+        "gloo_detect": ({"scale": NETWORK_AND_GLOO + REFERENCE_WHEN_GRADED, "count_weights": RIGHT_UNLESS_GRADED}, 0),
     }
 
 
@@ -208,7 +208,7 @@ def test_each_case_scores_what_it_earns(graded, name):
 
 def test_the_loopback_is_up_and_a_two_rank_gloo_run_completes(graded):
     needs_namespaces()
-    printed = learner_outputs(graded, "network_gloo")
+    printed = learner_outputs(graded, "gloo_detect")
     found = re.search(r"^REPORT (\{.*\})$", printed, re.M)
     assert found, printed[-2000:]
     report = json.loads(found.group(1))
@@ -238,9 +238,9 @@ def test_slow_right_answers_score_what_they_earn_with_a_budget_per_check(graded)
 
 def test_detecting_the_grader_gains_nothing(graded):
     needs_namespaces()
-    outcome = graded["results"]["detect_grader"]
+    outcome = graded["results"]["gloo_detect"]
     assert outcome["score"] == 0, [(t["name"], t["output"]) for t in outcome["tests"]]
-    printed = learner_outputs(graded, "detect_grader")
+    printed = learner_outputs(graded, "gloo_detect")
     tells = json.loads(re.search(r"^TELLS (\[.*\])$", printed, re.M).group(1).replace("'", '"'))
     assert "uid" in tells, tells  # the answer can tell it is graded: that is not what protects
     assert "FOUND IN NOTEBOOK []" in printed, printed[-2000:]
@@ -381,7 +381,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
         time.sleep(0.3)
         start = box.cpu_sample()
-        time.sleep(1.5)
+        time.sleep(1.0)
         note, loaded = sandbox_module.load_note(start, box.cpu_sample())
         assert loaded and note.startswith("limit fired under load: the kernel got"), note
         assert re.search(r"got \d+% of a core", note), note
