@@ -2,7 +2,8 @@
 
 Run as a script, never imported by the grader, and kept to the standard library so that it
 starts fast. When the grader runs as root it is started by ``unshare`` in new network,
-mount and PID namespaces; then it builds a new root file system that holds only what the
+mount and PID namespaces; then it brings up the loopback interface (the namespace's only
+one), builds a new root file system that holds only what the
 learner's code needs (system libraries, the Python installation and virtual environment,
 the course package, the course data, and the sandbox folder), mounts a fresh ``/proc``,
 ``/tmp`` and ``/dev``, and drops to an unprivileged user. In every case it sets the
@@ -10,15 +11,19 @@ resource limits, closes inherited file descriptors, and replaces the environment
 spec's before it executes the command.
 """
 import ctypes
+import fcntl
 import json
 import os
 import resource
 import signal
+import socket
+import struct
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -51,6 +56,16 @@ def bind(path, root, writable=False, device=False):
     mount(None, target, None, flags)
 
 
+def loopback_up():
+    """Bring up ``lo``, the only interface of the new network namespace: the learner's code
+    can then talk to itself on 127.0.0.1 (a gloo process group, a local server) and reach
+    nothing else."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
 def build_root(spec):
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -81,6 +96,17 @@ def main(argv):
     uid, gid = spec.get("uid"), spec.get("gid")
     if spec.get("connection_file") and uid is not None:
         os.chown(spec["connection_file"], uid, gid)
+    if spec.get("pidns_file"):
+        # Root's note of the PID namespace this sandbox runs in: the grader kills exactly
+        # the processes in it, never other processes of the same user id.
+        with open(spec["pidns_file"], "w") as stream:
+            stream.write(os.readlink("/proc/self/ns/pid"))
+    if spec.get("cgroup"):
+        # The sandbox's own cgroup, of the same CPU weight as every other sandbox's.
+        with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as stream:
+            stream.write(str(os.getpid()))
+    if spec.get("loopback"):
+        loopback_up()
     if spec.get("isolate_files"):
         build_root(spec)
     os.chdir(spec["cwd"])

@@ -138,10 +138,11 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
         "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
-        "names": learner_names, "uid": sandbox.uid,
+        "names": learner_names, "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
-        "call_timeout": limits.call_timeout, "seed": seed, "memory": judge_memory(limits),
-        "out": str(private / "verdicts.json"), "workdir": str(private / "work"),
+        "call_timeout": limits.call_timeout, "check_timeout": limits.check_budget, "seed": seed,
+        "memory": judge_memory(limits), "out": str(private / "verdicts.json"),
+        "verdicts": str(private / "verdicts.jsonl"), "workdir": str(private / "work"),
     }
     (private / "plan.json").write_text(json.dumps(plan))
     env = {k: os.environ[k] for k in JUDGE_ENV if k in os.environ}
@@ -172,7 +173,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
         judge_pid = fallback.pid
     judge = (judge_pid, start_time(judge_pid))
     kernel = StudentKernel(sandbox, limits, notebook)
-    flags = list(sandbox.isolation.flags)
+    flags = list(sandbox.flags)
     seconds = {}
     judge_error = ""
     verdicts: list[dict] = []
@@ -198,14 +199,19 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
             status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
             writer.write(b"go " + json.dumps(status).encode() + b"\n")
             await writer.drain()
-            budget = limits.notebook_timeout + limits.call_timeout + 60
+            # Each cell has a budget of its own in the judge; this only stops a judge that hangs.
+            budget = (len(plan["cells"]) + 1) * limits.check_budget + 2 * limits.call_timeout + 60
             await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
             outcome = json.loads((private / "verdicts.json").read_text())
             verdicts, described = outcome["cells"], outcome["described"]
             flags += outcome["events"]
+            faults = [v["judge_fault"] for v in verdicts if v.get("judge_fault")]
+            if faults:
+                judge_error = "; ".join(faults)
         except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
             log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
             judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
+            verdicts = partial_verdicts(private / "verdicts.jsonl")
         seconds["judge"] = time.monotonic() - judge_started
     finally:
         _kill_judge(judge)
@@ -218,6 +224,24 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     seconds["total"] = time.monotonic() - started
     return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
                      kernel.reason, seconds, seed, judge_error)
+
+
+def partial_verdicts(path: Path) -> list[dict]:
+    """The verdicts a judge wrote, cell by cell, before it died or hung (a last line cut
+    short is dropped)."""
+    found = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            verdict = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(verdict, dict) and isinstance(verdict.get("index"), int):
+            found.append(verdict)
+    return found
 
 
 def execute_sync(*args, **kwargs) -> Execution:

@@ -64,6 +64,14 @@ class Unavailable(StudentError):
     """The learner's process cannot answer (it died, hung, or was never started)."""
 
 
+class CheckTimeout(StudentError):
+    """A check ran past its own time budget, spent in the learner's calls: the learner's failure."""
+
+
+class JudgeTimeout(Exception):
+    """A check ran past its own time budget (raised by the alarm; who is to blame is decided after)."""
+
+
 def kernel_client(info: dict):
     """A blocking client of the learner's kernel (``info``: its connection), whose sockets
     drop a peer that sends a message over :data:`MAX_MESSAGE` instead of holding it."""
@@ -117,6 +125,11 @@ class Remote:
         self.calls = 0
         self.down = None if status.get("alive") else status.get("reason") or "your notebook's process is not running"
         self.events: list[dict] = []
+        self.deadline: float | None = None   # of the cell running now: each cell has a budget of its own
+        self.budget = float(plan.get("check_timeout") or 0)
+        self.call_seconds = 0.0              # spent waiting on the learner's calls, all cells together
+        self.in_call = False
+        self.cell_label = ""
         self.kc = None
         self.rep_fd = None
         if self.down is None:
@@ -170,6 +183,25 @@ class Remote:
         probe = self._execute("None", 5.0)
         return probe is not None
 
+    def over_budget(self, label: str, note: str = "") -> CheckTimeout:
+        """The check running now is out of its time budget while calling the learner's code."""
+        detail = (f"{self.cell_label or 'a check'} ran past its time budget of {self.budget:g} s while waiting "
+                  f"for your code (the call of {label}; each call took under the {self.timeout:g} s limit of one "
+                  f"call, but together they took too long)" + (f"; {note}" if note else ""))
+        self.events.append({"kind": "check-timeout", "cell": self.cell_label or None, "detail": detail})
+        return CheckTimeout(detail)
+
+    def _cpu_sample(self):
+        """What the learner's processes got of the CPUs so far (None when they cannot be told)."""
+        from .sandbox import cpu_sample, pid_namespace_members
+
+        try:
+            namespace = Path(self.plan.get("pidns_file") or "").read_text().strip()
+        except OSError:
+            return None
+        members = pid_namespace_members(namespace)
+        return cpu_sample(members) if members else None
+
     def _read_reply(self, call_id: str) -> bytes | None:
         try:
             fd = os.open(call_id, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.rep_fd)
@@ -196,22 +228,49 @@ class Remote:
         """Send one request; the decoded value, or raise the learner's error."""
         if self.down:
             raise Unavailable(self.down)
+        label = fields.get("name") or fields.get("label") or what
+        timeout, cut = self.timeout, False
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise self.over_budget(label)
+            if left < timeout:
+                timeout, cut = left, True
         self.calls += 1
         call_id = secrets.token_hex(12)
         data = wire.dumps({"op": what, **fields}, handle_of=_handle_of)
         fd = os.open(call_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.req_fd)
         with os.fdopen(fd, "wb") as stream:
             stream.write(data)
-        label = fields.get("name") or fields.get("label") or what
+        before = self._cpu_sample()
         try:
-            reply = self._execute(f"__grader_serve__({call_id!r})", self.timeout)
+            started = time.monotonic()
+            self.in_call = True
+            try:
+                reply = self._execute(f"__grader_serve__({call_id!r})", timeout)
+            finally:
+                self.in_call = False
+                self.call_seconds += time.monotonic() - started
             if reply is None:
                 if self.down:
                     self.events.append({"kind": "kernel-died", "detail": f"during a call of {label}"})
                     raise Unavailable(self.down + f" during a call of {label}")
+                from .sandbox import load_note
+
+                note, loaded = load_note(before, self._cpu_sample())
                 recovered = self._interrupt()
+                if cut:
+                    if loaded:
+                        self.events.append({"kind": "limit-under-load", "detail": f"the check's budget: {note}"})
+                    if not recovered:
+                        self.down = (f"not run: your notebook's process was still busy with {label} when a check "
+                                     f"ran out of its {self.budget:g} s, and could not be stopped")
+                    raise self.over_budget(label, note)
                 self.events.append({"kind": "call-timeout", "detail": f"{label} did not return within "
-                                    f"{self.timeout:g} s" + ("" if recovered else " and could not be stopped")})
+                                    f"{self.timeout:g} s" + ("" if recovered else " and could not be stopped")
+                                    + (f"; {note}" if note else "")})
+                if loaded:
+                    self.events.append({"kind": "limit-under-load", "detail": f"the call of {label}: {note}"})
                 if not recovered:
                     self.down = (f"not run: your notebook's process was still busy with {label}, which did not "
                                  f"return within {self.timeout:g} s and could not be stopped")
@@ -418,23 +477,60 @@ def shell_for(plan: dict):
     return shell
 
 
-def run_cell(shell, plan: dict, position: int, calls) -> dict:
+def run_cell(shell, plan: dict, position: int, calls, remote: "Remote | None" = None) -> dict:
+    """Run one planned cell within its own time budget (``plan["check_timeout"]``): the
+    learner's calls from it and its own code together. Past the budget the cell fails; the
+    learner's when their calls took most of it, the grader's otherwise (``judge_fault``)."""
+    import signal
+
     from IPython.utils.capture import capture_output
 
     cell = plan["cells"][position]
     if cell["test"]:
         _seed(plan["seed"] + position)
+    budget = float(plan.get("check_timeout") or 0)
     start = time.monotonic()
     calls_before = calls()
-    with capture_output(display=False) as captured:
-        result = shell.run_cell(cell["source"], store_history=False, silent=False)
+    waited_before = remote.call_seconds if remote else 0.0
+    if remote is not None:
+        remote.deadline = start + budget if budget else None
+        remote.cell_label = cell.get("grade_id") or f"cell {cell['index']}"
+
+    def alarm(signum, frame):
+        if remote is not None and remote.in_call:  # the call's own timeout ends it in time
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            return
+        raise JudgeTimeout(f"the cell ran past its time budget of {budget:g} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm) if budget else None
+    try:
+        if budget:
+            signal.setitimer(signal.ITIMER_REAL, budget)
+        with capture_output(display=False) as captured:
+            result = shell.run_cell(cell["source"], store_history=False, silent=False)
+    finally:
+        if budget:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if remote is not None:
+            remote.deadline = None
     error = result.error_in_exec or result.error_before_exec
+    elapsed = time.monotonic() - start
+    waited = (remote.call_seconds if remote else 0.0) - waited_before
     verdict = {
         "index": cell["index"], "grade_id": cell.get("grade_id"), "test": cell["test"],
         "status": "passed" if error is None else "failed",
         "stdout": captured.stdout[-MAX_TEXT:], "stderr": captured.stderr[-MAX_TEXT:],
-        "seconds": round(time.monotonic() - start, 3), "calls": calls() - calls_before,
+        "seconds": round(elapsed, 3), "calls": calls() - calls_before, "waited": round(waited, 3),
     }
+    if isinstance(error, JudgeTimeout):
+        if waited >= elapsed / 2 and remote is not None:
+            error = CheckTimeout(f"{remote.cell_label} ran past its time budget of {budget:g} s, {waited:.1f} s "
+                                 "of it in calls of your code")
+            remote.events.append({"kind": "check-timeout", "cell": remote.cell_label, "detail": str(error)})
+        else:
+            verdict["judge_fault"] = (f"the grader's own code in {cell.get('grade_id') or 'cell ' + str(cell['index'])}"
+                                      f" ran past the time budget of {budget:g} s ({waited:.1f} s in your code)")
     if error is not None:
         verdict["ename"] = type(error).__name__
         verdict["evalue"] = str(error)[:MAX_TEXT]
@@ -468,10 +564,27 @@ def prepare(plan: dict, shell) -> list[dict]:
 
 
 def run(plan: dict, status: dict, shell, verdicts: list[dict]) -> dict:
-    remote = Remote(plan, status)
-    described = bind_answers(remote, plan["names"], shell.user_ns)
-    for position in range(len(verdicts), len(plan["cells"])):
-        verdicts.append(run_cell(shell, plan, position, lambda: remote.calls))
+    """Run the rest of the plan, writing each verdict as soon as it is known (one JSON line
+    per cell in ``plan["verdicts"]``): a judge that dies keeps the verdicts it reached."""
+    record = open(plan["verdicts"], "a", encoding="utf-8") if plan.get("verdicts") else None
+
+    def keep(verdict: dict) -> None:
+        verdicts.append(verdict)
+        if record is not None:
+            record.write(json.dumps(verdict) + "\n")
+            record.flush()
+
+    try:
+        early, verdicts[:] = list(verdicts), []
+        for verdict in early:
+            keep(verdict)
+        remote = Remote(plan, status)
+        described = bind_answers(remote, plan["names"], shell.user_ns)
+        for position in range(len(verdicts), len(plan["cells"])):
+            keep(run_cell(shell, plan, position, lambda: remote.calls, remote))
+    finally:
+        if record is not None:
+            record.close()
     return {"cells": verdicts, "described": described, "events": remote.events, "calls": remote.calls,
             "down": remote.down}
 

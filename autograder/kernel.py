@@ -26,7 +26,7 @@ from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from .sandbox import Limits, Sandbox, die_with_parent
+from .sandbox import Limits, Sandbox, die_with_parent, load_note
 
 # One message from the learner's kernel is refused past this (or a few times the output
 # limit): zmq drops the connection, and the rest of that notebook's output is lost.
@@ -129,6 +129,8 @@ class StudentKernel:
         finally:
             log.close()
         await self.client.async_start_new_kernel_client()
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        self.sandbox.pid = getattr(process, "pid", None)
         self.alive = True
 
     async def _responsive(self, grace: float) -> bool:
@@ -173,6 +175,7 @@ class StudentKernel:
             self.client.timeout = max(1, int(min(self.limits.cell_timeout, left)))
             count += 1
             start = time.monotonic()
+            before = self.sandbox.cpu_sample()
             try:
                 await self.client.async_execute_cell(cell, index, execution_count=count)
                 errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
@@ -180,8 +183,14 @@ class StudentKernel:
                                      "error": f"{errors[0].get('ename')}: {errors[0].get('evalue', '')}"[:500] if errors else ""}
             except CellTimeoutError:
                 self.cells[index] = {"status": "timeout"}
-                self.flags.append({"kind": "cell-timeout", "cell": cell.metadata.get("nbgrader", {}).get("grade_id"),
-                                   "detail": f"cell {index} ran longer than {self.client.timeout} s and was stopped"})
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+                note, loaded = load_note(before, self.sandbox.cpu_sample())
+                self.flags.append({"kind": "cell-timeout", "cell": grade_id,
+                                   "detail": f"cell {index} ran longer than {self.client.timeout} s and was stopped"
+                                   + (f"; {note}" if note else "")})
+                if loaded:
+                    self.flags.append({"kind": "limit-under-load", "cell": grade_id,
+                                       "detail": f"the time limit of cell {index}: {note}"})
                 await self.km.interrupt_kernel()
                 if not await self._responsive(grace=5.0):
                     self.alive = False
