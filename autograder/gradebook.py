@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from coursebuild.release import alembic_on_path, course_config
+from .course import alembic_on_path, course_config
 
 CONFIG = """\
 # nbgrader settings for the course directory the autograder fills.
