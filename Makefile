@@ -94,9 +94,10 @@ JOBS ?= 1
 grade: $(STAMP)
 	$(BIN)/python -m autograder grade $(FILES) --out $(OUT) --jobs $(JOBS)
 
-# The learner's own report on a notebook or chapter: make self-check CHAPTER=work/00_history
+# The learner's own report on a notebook, a chapter's folder or a chapter number (looked up in
+# $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
 self-check: $(STAMP)
-	$(BIN)/python -m autograder check $(CHAPTER)
+	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
 
 doctor: $(STAMP)
 	$(BIN)/python -m minillm.doctor
