@@ -7,10 +7,11 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
+	@echo "make instructor-lab  JupyterLab with nbgrader's instructor tools: make instructor-lab LAB_DIR=graded/nbgrader"
 	@echo "make test      run the whole test suite (as CI does)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
@@ -48,10 +49,20 @@ constraints:
 
 # Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers
 # stay yours, and chapters added by `git pull` appear. Stop JupyterLab with Ctrl-C.
+# A learner's lab: lab/learner/ (an extra Jupyter config folder, for this run only) turns
+# off nbgrader's instructor tools: formgrader, create assignment, the course list and the
+# Validate button. `make instructor-lab` keeps them.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
 lab: $(STAMP)
 	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
-	cd $(WORK) && $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
+	cd $(WORK) && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
+
+# JupyterLab with nbgrader's instructor tools, in LAB_DIR (default: the repository), for
+# example formgrader on a graded folder: make instructor-lab LAB_DIR=graded/nbgrader
+LAB_DIR ?= .
+instructor-lab: $(STAMP)
+	cd $(LAB_DIR) && $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
 # Unit, sync and grading tests on both cores; then the solution notebooks in quick mode
 # under nbval, also on both cores: nbval runs a notebook's cells in order in one kernel,
@@ -94,9 +105,10 @@ JOBS ?= 1
 grade: $(STAMP)
 	$(BIN)/python -m autograder grade $(FILES) --out $(OUT) --jobs $(JOBS)
 
-# The learner's own report on a notebook or chapter: make self-check CHAPTER=work/00_history
+# The learner's own report on a notebook, a chapter's folder or a chapter number (looked up in
+# $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
 self-check: $(STAMP)
-	$(BIN)/python -m autograder check $(CHAPTER)
+	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
 
 doctor: $(STAMP)
 	$(BIN)/python -m minillm.doctor

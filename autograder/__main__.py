@@ -12,9 +12,10 @@
     grading completed, whatever the scores; 1 when the grader itself failed on a submission
     (it is graded again on the next run).
 
-``python -m autograder check NOTEBOOK|CHAPTER``
-    The learner's own report on a notebook (or on ``work/NN_slug/NN_slug.ipynb`` for a
-    chapter number or slug), exercise by exercise, with the visible checks only.
+``python -m autograder check NOTEBOOK|CHAPTER [--work FOLDER]``
+    The learner's own report on a notebook, a chapter's folder (``work/04_attention``), or
+    a chapter number or slug (``NN_slug/NN_slug.ipynb`` in ``./work``, else in the current
+    folder, or in ``--work``), exercise by exercise, with the visible checks only.
 """
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def main(argv=None) -> int:
     grade.add_argument("--quiet", action="store_true", help="no progress bar")
     check = commands.add_parser("check", help="check your own notebook (visible checks only)")
     check.add_argument("target", metavar="NOTEBOOK|CHAPTER", help="a notebook, or a chapter number or slug")
+    check.add_argument("--work", type=Path, metavar="FOLDER",
+                       help="the folder holding your chapters' folders, for a chapter number or slug "
+                            "(default: ./work, else the current folder)")
     check.add_argument("--cell-timeout", type=_positive_float, default=60.0, help="seconds per cell (default 60)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="nbgrader")
@@ -80,7 +84,8 @@ def main(argv=None) -> int:
     if args.command == "check":
         from .check import check_command
 
-        return check_command(args.target, Limits(cell_timeout=args.cell_timeout, call_timeout=args.cell_timeout))
+        return check_command(args.target, Limits(cell_timeout=args.cell_timeout, call_timeout=args.cell_timeout),
+                             work=args.work)
 
     from .grade import grade_files
 

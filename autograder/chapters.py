@@ -18,9 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-from coursebuild import paths
-
-from . import analysis, marks
+from . import analysis, course, marks
 
 # Cell tags a chapter may use to steer the judge's plan.
 FORCE_TAG, SKIP_TAG = "grader-needs", "grader-skip"
@@ -32,9 +30,9 @@ def chapter_of(path: Path, chapter: str | None = None) -> str:
     ``chapter`` (a slug or its two-digit number) wins; otherwise the file name must start
     with a chapter's number or slug, as the released notebooks are named.
     """
-    present = paths.present_slugs()
+    present = course.present_slugs()
     if chapter is not None:
-        return paths.resolve_slugs([chapter])[0]
+        return course.resolve_slugs([chapter], present)[0]
     name = Path(path).name
     matches = [slug for slug in present if name.startswith(slug) or name.startswith(slug[:3])]
     if len(matches) != 1:
@@ -67,9 +65,7 @@ def _learner_view(master) -> nbformat.NotebookNode:
     """The release of ``master``, made by nbgrader's own preprocessors (no database)."""
     from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
-    from coursebuild.release import course_config
-
-    config = course_config(Path("."))
+    config = course.course_config(Path("."))
     notebook = copy.deepcopy(master)
     resources = {"language": "python"}
     notebook, resources = ClearSolutions(config=config).preprocess(notebook, resources)
@@ -126,13 +122,11 @@ class Chapter:
     @classmethod
     def load(cls, slug: str) -> "Chapter":
         """A chapter of the course, from ``solutions/``, checked against the manifest."""
-        from coursebuild import manifest
-
-        path = paths.solution_notebook(slug)
+        path = course.solution_notebook(slug)
         if not path.exists():
             raise ValueError(f"chapter {slug!r} has no master notebook at {path}")
         chapter = cls(slug, nbformat.read(path, as_version=4), source=path)
-        committed = manifest.load()["chapters"].get(slug)
+        committed = course.manifest()["chapters"].get(slug)
         derived = {c.grade_id: c.points for c in chapter.cells if c.kind in ("visible", "hidden", "written")}
         if committed is None or {k: float(v["points"]) for k, v in committed["cells"].items()} != derived:
             raise ValueError(f"autograder/manifest.json does not match {path.name}: run make manifest")
@@ -340,4 +334,4 @@ def load(slug_or_path: str | Path, slug: str | None = None) -> Chapter:
     """A course chapter by slug, or any master notebook by path."""
     if isinstance(slug_or_path, Path) or str(slug_or_path).endswith(".ipynb"):
         return Chapter.from_master(Path(slug_or_path), slug)
-    return Chapter.load(paths.resolve_slugs([str(slug_or_path)])[0])
+    return Chapter.load(course.resolve_slugs([str(slug_or_path)])[0])

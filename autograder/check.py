@@ -11,9 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from coursebuild import paths
-
-from . import analysis
+from . import analysis, course
 from .chapters import Chapter, chapter_of
 from .execute import execute_sync
 from .reconstruct import SubmissionError, reconstruct
@@ -24,30 +22,50 @@ SHOWN_FLAGS = ("missing-answer", "extra-cells-ignored", "reference-use", "refere
                "answer-too-large", "not-analyzable", "too-many-cells")
 
 
-def resolve_target(target: str) -> Path:
-    """The notebook ``target`` names: a file, or a chapter's copy in ``work/``."""
-    path = Path(target)
+def resolve_target(target: str, work: Path | None = None) -> Path:
+    """The notebook ``target`` names: a notebook, a chapter's folder, or a chapter's number
+    or slug, looked up in ``work`` (default: the current folder's ``work/``, or the current
+    folder itself when it holds the chapters' folders, as a learner's ``~/work`` does)."""
+    path = Path(target).expanduser()
     if path.is_file():
         return path
+    present = course.present_slugs()
+    if path.is_dir():
+        for slug in present:
+            if path.resolve().name in (slug, slug[:2]) and (path / f"{slug}.ipynb").is_file():
+                return path / f"{slug}.ipynb"
+        inside = [path / f"{slug}.ipynb" for slug in present if (path / f"{slug}.ipynb").is_file()]
+        if len(inside) == 1:
+            return inside[0]
+        raise ValueError(f"argument NOTEBOOK|CHAPTER: the folder {target!r} holds no chapter notebook "
+                         f"(a chapter's folder holds NN_slug.ipynb; chapters: {', '.join(present)})")
     try:
-        slug = paths.resolve_slugs([target])[0]
+        if "/" in target or target.endswith(".ipynb"):
+            raise ValueError(target)
+        slug = course.resolve_slugs([target], present)[0]
     except ValueError:
-        raise ValueError(f"argument NOTEBOOK|CHAPTER: {target!r} is neither a notebook nor a chapter "
-                         f"(chapters: {', '.join(paths.present_slugs())})") from None
-    work = paths.ROOT / "work" / slug / f"{slug}.ipynb"
-    if not work.exists():
-        raise ValueError(f"argument NOTEBOOK|CHAPTER: chapter {slug} has no notebook at {work} "
-                         "(run make lab first, or name your notebook's file)")
-    return work
+        raise ValueError(f"argument NOTEBOOK|CHAPTER: {target!r} is neither a notebook, a chapter's folder "
+                         f"nor a chapter (chapters: {', '.join(present)})") from None
+    if work is not None:
+        places = [Path(work).expanduser()]
+    else:
+        places = [Path("work"), Path(".")]
+    for place in places:
+        notebook = place / slug / f"{slug}.ipynb"
+        if notebook.is_file():
+            return notebook
+    where = " or ".join(str((place / slug / f"{slug}.ipynb").absolute()) for place in places)
+    raise ValueError(f"argument NOTEBOOK|CHAPTER: chapter {slug} has no notebook at {where} "
+                     "(run make lab first, give --work FOLDER, or name your notebook's file)")
 
 
-def report(target: str, limits: Limits | None = None, stream=None) -> dict:
+def report(target: str, limits: Limits | None = None, stream=None, work: Path | None = None) -> dict:
     """Check a notebook; print the report to ``stream``; the per-check outcome."""
     stream = stream or sys.stdout
     limits = limits or Limits()
-    path = resolve_target(target)
+    path = resolve_target(target, work)
     slug = chapter_of(path)
-    release = paths.release_notebook(slug)
+    release = course.release_notebook(slug)
     chapter = Chapter.from_release(release, slug)
     try:
         rebuilt = reconstruct(chapter, path.read_bytes(), path.name)
@@ -101,9 +119,9 @@ def report(target: str, limits: Limits | None = None, stream=None) -> dict:
     return {"ok": passed == len(checks), "checks": checks}
 
 
-def check_command(target: str, limits: Limits) -> int:
+def check_command(target: str, limits: Limits, work: Path | None = None) -> int:
     try:
-        outcome = report(target, limits)
+        outcome = report(target, limits, work=work)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

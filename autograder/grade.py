@@ -42,6 +42,7 @@ import nbformat
 from . import collect, feedback, results
 from .chapters import Chapter, chapter_of
 from .collect import Flagged
+from .course import present_slugs
 from .reconstruct import SubmissionError, read_submission, reconstruct
 from .sandbox import Limits
 
@@ -99,9 +100,7 @@ def _slugs(chapter: str | None, master: Path | None) -> list[str]:
         return [chapter or Path(master).stem]
     if chapter is not None:
         return [chapter_of(Path("."), chapter)]
-    from coursebuild import paths
-
-    return paths.present_slugs()
+    return present_slugs()
 
 
 def plan(paths, chapter: str | None = None, master: Path | None = None, exclude=()) -> Plan:

@@ -27,14 +27,22 @@ from pathlib import Path
 
 import nbformat
 
-from coursebuild.release import alembic_on_path, course_config
+from .course import alembic_on_path, course_config
 
-CONFIG = """\
-# nbgrader settings for the course directory the autograder fills.
+HEADER = "# nbgrader settings for the course directory the autograder fills."
+CONFIG = HEADER + """
+# Every path is relative to this file's folder: the folder can be moved or copied, and
+# formgrader and `nbgrader export` then read the gradebook where it now is.
+import os
+
 c = get_config()  # noqa
-c.CourseDirectory.root = {root!r}
+here = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.root = here
 c.CourseDirectory.course_id = "minillm"
-c.CourseDirectory.db_url = {db!r}
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "gradebook.db")
+# An exchange of its own (empty: the grader collects nothing through it), so formgrader
+# finds one and neither warns that it is missing nor logs that it is unwritable.
+c.Exchange.root = os.path.join(here, "exchange")
 """
 
 
@@ -46,8 +54,11 @@ class CourseGradebook:
         self.root.mkdir(parents=True, exist_ok=True)
         self.db_url = f"sqlite:///{self.root / 'gradebook.db'}"
         config = self.root / "nbgrader_config.py"
-        if not config.exists():
-            config.write_text(CONFIG.format(root=str(self.root), db=self.db_url))
+        # Written when missing, and rewritten when an older grader wrote it (absolute
+        # paths); a configuration of the instructor's own is left alone.
+        if not config.exists() or (config.read_text().startswith(HEADER) and config.read_text() != CONFIG):
+            config.write_text(CONFIG)
+        (self.root / "exchange").mkdir(exist_ok=True)
         self._ready: set[str] = set()
 
     def gradebook(self):
@@ -112,7 +123,12 @@ class CourseGradebook:
         with self.gradebook() as gb, warnings.catch_warnings():
             # nbgrader's own add_submission triggers SQLAlchemy's harmless "not in session".
             warnings.simplefilter("ignore")
-            gb.update_or_create_student(student)
+            # formgrader shows "last, first": the student's id stands in until the
+            # instructor gives names (never overwritten).
+            known = gb.update_or_create_student(student)
+            if known.first_name is None and known.last_name is None:
+                known.first_name = known.last_name = student
+            del known
             submission = gb.update_or_create_submission(
                 chapter.slug, student, **({"timestamp": when.isoformat()} if when else {}))
             recorded = submission.timestamp

@@ -3,20 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minillm import coursemap
+from autograder import course
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "minillm"
-MANIFEST = ROOT / "autograder" / "manifest.json"
-
-# Every chapter of the course, in order, written or not: the course map is their one list.
-SLUGS = tuple(entry.slug for entry in coursemap.CHAPTERS)
-
-# Files beside a solution notebook that the release must never copy: the jupytext source
-# (it holds the solutions and hidden tests) and the instructor notes (model answers).
-PRIVATE_PATTERNS = ("*.py", "*.md")
+MANIFEST = course.MANIFEST
+# The chapter slugs and the files a release never copies are the grader's (autograder.course).
+SLUGS = course.SLUGS
+PRIVATE_PATTERNS = course.PRIVATE_PATTERNS
 
 
 def source_file(slug: str) -> Path:
@@ -46,13 +42,4 @@ def present_slugs() -> list[str]:
 
 def resolve_slugs(names: list[str] | None) -> list[str]:
     """Chapters named on a command line (slug or its two-digit number); all when empty."""
-    present = present_slugs()
-    if not names:
-        return present
-    chosen = []
-    for name in names:
-        matches = [s for s in present if s == name or s.split("_", 1)[0] == name]
-        if not matches:
-            raise ValueError(f"no chapter {name!r}; chapters present: {present}")
-        chosen.extend(matches)
-    return chosen
+    return course.resolve_slugs(names, present_slugs())

@@ -1,49 +1,17 @@
 """Generate the learner's notebooks with nbgrader (solutions → chapters)."""
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
-from traitlets.config import Config
 
-from autograder import marks
+from autograder.course import alembic_on_path, course_config
 
 from . import notebooks, paths
 
-
-def alembic_on_path() -> None:
-    """nbgrader runs ``alembic`` from PATH; make the one beside this Python findable."""
-    scripts = str(Path(sys.executable).parent)
-    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-
-
-def course_config(root: Path) -> Config:
-    """nbgrader settings shared by the release and the autograder."""
-    config = Config()
-    config.CourseDirectory.root = str(root)
-    config.CourseDirectory.course_id = "minillm"
-    config.CourseDirectory.ignore = [
-        ".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", *paths.PRIVATE_PATTERNS,
-    ]
-    config.Exchange.root = str(root / "exchange")
-    config.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
-    config.ClearSolutions.text_stub = "YOUR ANSWER HERE"
-    # nbgrader finds the regions by these substrings; the manifest and the grader use the same.
-    config.ClearSolutions.begin_solution_delimeter = marks.SOLUTION_BEGIN
-    config.ClearSolutions.end_solution_delimeter = marks.SOLUTION_END
-    config.ClearHiddenTests.begin_test_delimeter = marks.HIDDEN_BEGIN
-    config.ClearHiddenTests.end_test_delimeter = marks.HIDDEN_END
-    config.OverwriteCells.add_missing_cells = True
-    config.ExecutePreprocessor.timeout = 600
-    config.Execute.timeout = 600
-    config.GenerateAssignment.create_assignment = True
-    config.NbGraderAPI.log_level = "WARN"
-    return config
+__all__ = ["alembic_on_path", "canonical", "course_config", "generate", "release"]
 
 
 def generate(slugs: list[str], workdir: Path) -> dict[str, nbformat.NotebookNode]:

@@ -262,3 +262,39 @@ def test_a_folder_nbgrader_collect_filled_keeps_its_submission_time(tmp_path, fi
     assert {s["student"]: s["autograded"] for s in api.get_submissions(fx.SLUG)} == {"carol": True, "dave": True}
     for student in ("carol", "dave"):
         assert api.get_submission(fx.SLUG, student)["autograded"], f"formgrader would show {student} as not graded"
+
+
+@pytest.mark.grading
+def test_a_moved_gradebook_exports_and_opens_where_it_now_is(tmp_path, fixture_chapter):
+    master, chapter = fixture_chapter
+    subs = tmp_path / "subs"
+    fx.write(fx.submission(chapter, {WRITTEN: ALICE_WRITES}, solved=True),
+             subs / "submitted" / "alice" / fx.SLUG / f"{fx.SLUG}.ipynb")
+    first = tmp_path / "first"
+    grade_files([subs], first, master=master)
+    config = (first / "nbgrader" / "nbgrader_config.py").read_text()
+    assert str(tmp_path) not in config, "the course directory's settings name no absolute path"
+    moved = tmp_path / "elsewhere" / "graded"
+    moved.parent.mkdir()
+    (first).rename(moved)                          # the old folder is gone: nothing can read it
+    course = moved / "nbgrader"
+    assert _export(course, tmp_path) == {"alice": 6.0}
+
+    # A second copy with other scores proves that each folder reads its own gradebook.
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(moved), str(copy)], check=True)
+    with __import__("sqlite3").connect(copy / "nbgrader" / "gradebook.db") as db:
+        db.execute("UPDATE grade SET manual_score = 0.0")
+    assert _export(copy / "nbgrader", tmp_path) == {"alice": 0.0}
+    assert _export(course, tmp_path) == {"alice": 6.0}
+
+    with Formgrader(course, tmp_path) as fg:
+        assert [a["name"] for a in fg.get("/formgrader/api/assignments")] == [fx.SLUG]
+        students = {s["id"]: (s["first_name"], s["last_name"]) for s in fg.get("/formgrader/api/students")}
+        assert students == {"alice": ("alice", "alice")}, "a student is named by their folder, not None, None"
+        status, page = fg.request("/formgrader/manage_assignments")
+        assert status == 200 and "formgrader" in page.lower()
+        assert "does not exist" not in page, "formgrader warns that the exchange directory is missing"
+        time.sleep(6)                                # formgrader's assignment list polls every few seconds
+    log = fg.log.read_text(errors="replace")
+    assert "Unwritable directory" not in log, log[-2000:]
