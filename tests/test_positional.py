@@ -371,7 +371,6 @@ def test_alibi_layer_per_row_matches_bloom_with_its_padding_mask():
     # BLOOM builds its bias from the padding mask (positions = cumsum(mask) - 1); it adds
     # slope * key_position, which differs from ours by a constant per query row, so the
     # softmax weights over the real, earlier keys agree.
-    pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
     n_heads, seq = 6, 7
