@@ -120,9 +120,9 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
 
     def __init__(self, d_model: int, base: float = 10000.0, max_len: int = 1):
         super().__init__()
-        if positive_int("d_model", d_model) % 2:
-            raise ValueError(f"d_model must be even (sine and cosine come in pairs), got {d_model}")
-        self.d_model, self.base = d_model, positive_number("base", base)
+        self.d_model, self.base = positive_int("d_model", d_model), positive_number("base", base)
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even: sine and cosine come in pairs, got {d_model}")
         self.register_buffer("table", sinusoidal_encoding(positive_int("max_len", max_len), d_model, base=base),
                              persistent=False)
 
@@ -272,8 +272,9 @@ class ALiBi(torch.nn.Module):
 
     def __init__(self, n_heads: int):
         super().__init__()
-        self.n_heads = positive_int("n_heads", n_heads)
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        slopes = alibi_slopes(n_heads)  # it checks n_heads
+        self.n_heads = len(slopes)
+        self.register_buffer("slopes", slopes, persistent=False)
 
     @classmethod
     def from_config(cls, config) -> "ALiBi":
