@@ -795,10 +795,10 @@ for word in [" king", " father", " my", " he", " hath", " speak", " good", " nig
 # %% [markdown]
 # Here the neighbours are about meaning and grammar, learned from a third of a million
 # tokens of plays and nothing else: kinship terms sit together (*father* → *mother,
-# brother, sister*), ranks and titles with *king*, possessives with *my*, the pronoun *he*
+# brother, son*), ranks and titles with *king*, possessives with *my*, the pronoun *he*
 # with *she, they*, the old verb form *hath* with *has* and *doth*, adjectives of praise
 # with *good*. Not
-# every list is clean (look at *night*), and a 2,048-token vocabulary has few whole words
+# every list is clean (*die* and *send* beside *speak*), and a 2,048-token vocabulary has few whole words
 # beyond the common ones, but the table has clearly sorted the words it sees often.
 #
 # Row lengths, on the other hand, tell mostly how often a token occurred, which is why
