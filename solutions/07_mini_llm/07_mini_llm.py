@@ -1607,7 +1607,7 @@ def _to_device(batch, device):
 # `minillm.recipe`. The model is Llama-style rather than GPT-2-style because it learns
 # faster here. Given the same budget, 3,000 steps of 8 windows of 128 tokens (3.1 million
 # tokens, about nine passes over the 347,000 training tokens), the shipped model reached
-# 1.468 nats per character on the validation text, and a GPT-2-style model of exactly the
+# 1.467 nats per character on the validation text, and a GPT-2-style model of exactly the
 # same size (1,066,112 parameters: learned positions, LayerNorm, GELU; neither has biases)
 # 1.527. The second run is
 #
@@ -1650,8 +1650,8 @@ print(f"the final model on 256 windows of each text: training {on_train[0] / on_
 # over the training text, it has not begun to memorize.
 #
 # The shipped model went through the same loop for much longer: `make train` ran the
-# recipe above (its numbers are in `minillm.recipe.DEFAULT_RECIPE`) in 7 minutes on one
-# CPU thread. Its checkpoint keeps the history of that run:
+# recipe above (its numbers are in `minillm.recipe.DEFAULT_RECIPE`) in 12 minutes on one
+# CPU thread of a heavily loaded machine. Its checkpoint keeps the history of that run:
 
 # %%
 from minillm.checkpoint import load_checkpoint
@@ -2126,10 +2126,10 @@ for letter, position in labelled.items():
 # a comma that ends a verse line (B) and the rest of a word, 'instru' → 'ct' (E), one
 # token each. A fixed $k = 40$ would let 39 wrong candidates compete there. It is largest
 # where a new word starts and almost any word could come, after *with a* (C) or *and*
-# (D): about 400 tokens. At the start of a line (A) the model hesitates too, between
+# (D): nearly 390 tokens. At the start of a line (A) the model hesitates too, between
 # about 90. And note what that means: for this small model the nucleus of $p = 0.9$ is
-# usually *wider* than $k = 40$. Its median is 88 tokens, and it holds more than 40 at
-# 95 of the 128 positions. A million-parameter model is unsure most of the time, its
+# usually *wider* than $k = 40$. Its median is 97 tokens, and it holds more than 40 at
+# 93 of the 128 positions. A million-parameter model is unsure most of the time, its
 # distributions are flat, and 90% of their mass needs many tokens. So at most positions
 # top-p 0.9 keeps more of the tail than top-k 40 would, and it cuts harder only where the
 # model is sure. What top-p buys is that adaptation to the model's confidence, not a
@@ -2274,8 +2274,8 @@ for label, settings in (("greedy", dict(temperature=0)), ("temperature 0.8, top-
     print(f"--- {label} ---\n{text}\n")
 
 # %% [markdown]
-# Greedy decoding settles into a loop within a few lines ("a bawd, a bawd, a bawd"), and
-# it will never leave it: the same context always gives the same most likely token.
+# Greedy decoding settles into a loop within a few lines ("I am a king, and I'll tell thee
+# what thou / shall have thee dead", again and again), and it will never leave it: the same context always gives the same most likely token.
 # Temperature 0.8 with a nucleus reads like Shakespeare at a distance: speaker names in
 # capitals, verse-length lines, archaic words, grammar that holds for a few words at a
 # time. At 1.5 the tail takes over and the words dissolve. (Rerun with another seed: the
