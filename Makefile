@@ -72,8 +72,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
-# The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so the run
-# is bit-identical on any machine with the same torch version. Prints the validation loss
+# The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so two runs
+# of the same code with the same torch version give the same weights. Prints the validation loss
 # in nats per character and a sample.
 train: $(STAMP)
 	$(BIN)/python -m minillm train --threads 1 --out data/minillm-shakespeare.pt --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
