@@ -91,7 +91,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         check_mask_shape(mask, scores.shape, "mask")
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    weights = softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     out = weights @ v
     return (out, weights) if return_weights else out
 

@@ -25,9 +25,12 @@
 #
 # **How the exercises work.** Each exercise has an answer cell (replace
 # `raise NotImplementedError()` with your code), a *visible test* that explains what is
-# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
-# cell after the tests binds a new name to your function if it works, or to the course's
-# reference if it does not, so you can always read on.
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded.
+# Each exercise is graded on its own: where one builds on another, its tests use the
+# course's reference for the other. A cell after the tests binds a new name to your
+# function when it passes the visible test, or else to the course's reference, so you can
+# always read on; in a student bundle where that reference is not released yet, the cells
+# that need your answer wait for it and say so.
 
 # %%
 import math
@@ -147,52 +150,55 @@ def _softmax_case():
     return torch.tensor([[1000.0, 999.0, 998.0, 0.0], [-2.0, 0.0, 3.0, 1.0]])
 
 
-x = _softmax_case()
-try:
-    got = softmax(x, dim=-1)
-except RuntimeError as error:
-    raise course.CheckFailed(f"softmax raised RuntimeError: {error}. A size mismatch here usually means the maximum "
-                             "or the sum lost its dimension: pass keepdim=True so it broadcasts against x") from error
-if not torch.equal(x, _softmax_case()):
-    raise course.CheckFailed("softmax changed its input x in place (x -= ..., x.exp_(), ...): the caller's tensor must "
-                             "stay as it was. Use out-of-place operations (x - m, .exp()) and return a new tensor")
-if isinstance(got, torch.Tensor) and got.shape == x.shape and not torch.isfinite(got).all():
-    bad_rows = sorted({int(i) for i in (~torch.isfinite(got)).nonzero()[:, 0]})
-    if bad_rows == [0]:
-        raise course.CheckFailed("softmax: NaN or inf in the row [1000, 999, 998, 0]: some exponent was far above 88, "
-                                 "and exp overflows float32 there (naive softmax, or subtracting the minimum or the "
-                                 "mean?). Subtract the maximum before exp: then every exponent is <= 0.")
-    raise course.CheckFailed(f"softmax: NaN or inf in rows {bad_rows}. If the ordinary row (1) is broken, you "
-                             "subtracted one maximum for the whole tensor: its exps all underflow to 0 and 0/0 is "
-                             "NaN. Take the maximum along dim, with keepdim=True.")
-course.expect_close(
-    got, torch.softmax(x, dim=-1), "softmax(x, dim=-1)",
-    mistakes={"softmax over the wrong dimension (columns sum to 1, rows do not)": torch.softmax(x, dim=0)},
-)
-x = _softmax_case()[:, :3].T.double()  # (3, 2) in float64: now the slices run along dim 0
-got = softmax(x, dim=0)
-if isinstance(got, torch.Tensor) and got.dtype != x.dtype:
-    raise course.CheckFailed(f"softmax of a float64 tensor returned {got.dtype}: keep the input's dtype "
-                             "(no .float() or torch.tensor(...) that picks a new one)")
-course.expect_close(
-    got, torch.softmax(x, dim=0), "softmax(x, dim=0)",
-    mistakes={"dim is ignored: the softmax always runs over the last dimension": torch.softmax(x, dim=-1)},
-)
+def check_softmax(softmax):
+    x = _softmax_case()
+    try:
+        got = softmax(x, dim=-1)
+    except RuntimeError as error:
+        raise course.CheckFailed(f"softmax raised RuntimeError: {error}. A size mismatch here usually means the maximum "
+                                 "or the sum lost its dimension: pass keepdim=True so it broadcasts against x") from error
+    if not torch.equal(x, _softmax_case()):
+        raise course.CheckFailed("softmax changed its input x in place (x -= ..., x.exp_(), ...): the caller's tensor must "
+                                 "stay as it was. Use out-of-place operations (x - m, .exp()) and return a new tensor")
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and not torch.isfinite(got).all():
+        bad_rows = sorted({int(i) for i in (~torch.isfinite(got)).nonzero()[:, 0]})
+        if bad_rows == [0]:
+            raise course.CheckFailed("softmax: NaN or inf in the row [1000, 999, 998, 0]: some exponent was far above 88, "
+                                     "and exp overflows float32 there (naive softmax, or subtracting the minimum or the "
+                                     "mean?). Subtract the maximum before exp: then every exponent is <= 0.")
+        raise course.CheckFailed(f"softmax: NaN or inf in rows {bad_rows}. If the ordinary row (1) is broken, you "
+                                 "subtracted one maximum for the whole tensor: its exps all underflow to 0 and 0/0 is "
+                                 "NaN. Take the maximum along dim, with keepdim=True.")
+    course.expect_close(
+        got, torch.softmax(x, dim=-1), "softmax(x, dim=-1)",
+        mistakes={"softmax over the wrong dimension (columns sum to 1, rows do not)": torch.softmax(x, dim=0)},
+    )
+    x = _softmax_case()[:, :3].T.double()  # (3, 2) in float64: now the slices run along dim 0
+    got = softmax(x, dim=0)
+    if isinstance(got, torch.Tensor) and got.dtype != x.dtype:
+        raise course.CheckFailed(f"softmax of a float64 tensor returned {got.dtype}: keep the input's dtype "
+                                 "(no .float() or torch.tensor(...) that picks a new one)")
+    course.expect_close(
+        got, torch.softmax(x, dim=0), "softmax(x, dim=0)",
+        mistakes={"dim is ignored: the softmax always runs over the last dimension": torch.softmax(x, dim=-1)},
+    )
+check_softmax(softmax)
 print("softmax: visible test passed")
 
 # %%
 #| test softmax_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(404)
 for shape, dim, dtype in [((3, 7), 1, torch.float64), ((2, 5, 6), 1, torch.float32), ((4, 3, 2), 0, torch.float32),
                           ((2, 3, 4, 9), -1, torch.float64), ((6, 1), -1, torch.float32)]:
-    x = 5 * torch.randn(*shape, generator=g, dtype=dtype)
+    x = 5 * torch.randn(*shape, dtype=dtype)
+    before = x.clone()
     got = softmax(x, dim=dim)
+    assert torch.equal(x, before), "softmax changed its input x in place"
     assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"softmax must keep the dtype {dtype}"
     course.expect_close(got, torch.softmax(x, dim=dim), f"softmax {shape} dim={dim} {dtype}", atol=1e-6)
     # the defining property: shift invariance along dim
-    shift = 50 * torch.randn(*[1 if i == dim % len(shape) else n for i, n in enumerate(shape)], generator=g, dtype=dtype)
+    shift = 50 * torch.randn(*[1 if i == dim % len(shape) else n for i, n in enumerate(shape)], dtype=dtype)
     course.expect_close(softmax(x + shift, dim=dim), got, f"softmax is shift-invariant {shape} dim={dim}", atol=1e-6)
 # very large and very negative logits stay finite and exact (float64: exp overflows beyond 709 there, and
 # float32 could not even hold -3e4 + 1 to better than 0.002)
@@ -212,10 +218,7 @@ course.expect_close(softmax(torch.tensor([[3.0], [-700.0]]), dim=1), torch.ones(
 # %%
 from minillm import attention as reference_attention
 
-stable_softmax = course.keep_going(
-    "softmax", softmax, reference_attention.softmax,
-    check=lambda f: course.expect_close(f(_softmax_case(), dim=-1), torch.softmax(_softmax_case(), dim=-1), "softmax"),
-)
+stable_softmax = course.keep_going("softmax", softmax, reference_attention.softmax, check_softmax)
 
 # %% [markdown]
 # How sharp is a softmax? The figure shows the weights of the same ten scores multiplied
@@ -380,8 +383,9 @@ plt.show()
 # 3. before applying them, call the given `check_mask_shape(mask, scores.shape, "mask")`
 #    (and likewise for `bias`): a mask of the wrong shape must raise `ValueError`, not
 #    broadcast silently;
-# 4. weights = your stable `softmax` over the keys; rows that are blocked everywhere get
-#    zero weights (not NaN);
+# 4. weights = `torch.softmax` over the keys (it computes what your `softmax` of exercise 1
+#    does; this exercise uses PyTorch's so that it is graded on its own); rows that are
+#    blocked everywhere get zero weights (not NaN);
 # 5. return `weights @ v`, and the weights too when `return_weights` is true.
 #
 # Difficulty ●●○ · Importance ●●● · about 20 minutes
@@ -416,7 +420,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         check_mask_shape(mask, scores.shape, "mask")
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    weights = softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     out = weights @ v
     return (out, weights) if return_weights else out
     ### END SOLUTION
@@ -444,73 +448,74 @@ def _sdpa_reference(q, k, v, mask=None, scale=True, dim=-1, use_mask=True, inver
     return weights @ v
 
 
-q, k, v = _sdpa_case()
-got = scaled_dot_product_attention(q, k, v)
-if not all(torch.equal(a, b) for a, b in zip((q, k, v), _sdpa_case())):
-    raise course.CheckFailed("scaled_dot_product_attention changed q, k or v in place (q /= ..., q.mul_(...)): the "
-                             "caller's tensors must stay as they were. Scale the scores, or write q = q / ...")
-course.expect_close(
-    got, _sdpa_reference(q, k, v), "scaled_dot_product_attention(q, k, v)",
-    mistakes={
-        "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, scale=False),
-        "divided by d_k instead of sqrt(d_k)": _sdpa_reference(q, k, v, by_d_k=True),
-        "softmax over the wrong dimension (over the queries; columns sum to 1, rows do not)": _sdpa_reference(q, k, v, dim=-2),
-    },
-)
-padding = torch.tensor([True, True, True, False, False])  # the last two keys are padding
-course.expect_close(
-    scaled_dot_product_attention(q, k, v, mask=padding), _sdpa_reference(q, k, v, padding),
-    "scaled_dot_product_attention with a key-padding mask",
-    mistakes={"the mask is inverted: True must mean 'may attend' (as in F.scaled_dot_product_attention), "
-              "not 'blocked' (as in nn.MultiheadAttention)": _sdpa_reference(q, k, v, padding, invert=True)},
-)
-causal = torch.ones(5, 5, dtype=torch.bool).tril()
-course.expect_close(
-    scaled_dot_product_attention(q, k, v, mask=causal), _sdpa_reference(q, k, v, causal),
-    "scaled_dot_product_attention with a causal mask",
-    mistakes={
-        "the causal mask is missing: future positions get weight (is the mask applied at all?)": _sdpa_reference(q, k, v, causal, use_mask=False),
-        "the mask is applied after the softmax: blocked weights are zeroed, but rows no longer sum to 1": _sdpa_reference(q, k, v, causal, after=True),
-        "the bool mask is added as numbers (0/1) instead of blocking with -inf": _sdpa_reference(q, k, v, causal, as_numbers=True),
-        "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, causal, scale=False),
-    },
-)
-result = scaled_dot_product_attention(q, k, v, mask=causal, return_weights=True)
-if not (isinstance(result, tuple) and len(result) == 2):
-    raise course.CheckFailed(f"with return_weights=True, return (output, weights); got {course.describe(result)}")
-expected_weights = torch.softmax((q @ k.transpose(-2, -1) / 2.0).masked_fill(~causal, float("-inf")), dim=-1)
-course.expect_close(result[1], expected_weights, "the weights returned with return_weights=True")
-bias = torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0])  # an additive bias: later keys are penalized
-course.expect_close(
-    scaled_dot_product_attention(q, k, v, bias=bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
-    "scaled_dot_product_attention with a bias", mistakes={"the bias is ignored: add it to the scores": _sdpa_reference(q, k, v)},
-)
-blocked = causal.clone()
-blocked[2] = False  # query 2 may attend to no key at all
-out = scaled_dot_product_attention(q, k, v, mask=blocked)
-if isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
-    raise course.CheckFailed("a query whose every key is blocked gave NaN: its row of scores is all -inf and the softmax "
-                             "divides 0 by 0. Find such rows (torch.isneginf(scores).all(-1, keepdim=True)) and give "
-                             "them zero weights")
-expected = _sdpa_reference(q, k, v, causal).index_fill(1, torch.tensor([2]), 0.0)
-course.expect_close(out, expected, "scaled_dot_product_attention with a fully blocked query (row 2 must be zeros)")
-course.expect_close(scaled_dot_product_attention(q, k, v, mask=torch.zeros(5, 5).masked_fill(~blocked, float("-inf"))),
-                    expected, "the same with a float mask (row 2 all -inf) must give zeros too",
-                    hint="look for rows of -inf in the scores after the mask is added, whatever its dtype")
-course.expect_raises(ValueError, scaled_dot_product_attention, q, k, v, mask=torch.ones(5, 4, dtype=torch.bool),
-                     what="scaled_dot_product_attention with a (5, 4) mask for 5 queries and 5 keys",
-                     mistakes={"the mask's shape is not checked: call check_mask_shape(mask, scores.shape, 'mask')": RuntimeError})
+def check_scaled_dot_product_attention(scaled_dot_product_attention):
+    q, k, v = _sdpa_case()
+    got = scaled_dot_product_attention(q, k, v)
+    if not all(torch.equal(a, b) for a, b in zip((q, k, v), _sdpa_case())):
+        raise course.CheckFailed("scaled_dot_product_attention changed q, k or v in place (q /= ..., q.mul_(...)): the "
+                                 "caller's tensors must stay as they were. Scale the scores, or write q = q / ...")
+    course.expect_close(
+        got, _sdpa_reference(q, k, v), "scaled_dot_product_attention(q, k, v)",
+        mistakes={
+            "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, scale=False),
+            "divided by d_k instead of sqrt(d_k)": _sdpa_reference(q, k, v, by_d_k=True),
+            "softmax over the wrong dimension (over the queries; columns sum to 1, rows do not)": _sdpa_reference(q, k, v, dim=-2),
+        },
+    )
+    padding = torch.tensor([True, True, True, False, False])  # the last two keys are padding
+    course.expect_close(
+        scaled_dot_product_attention(q, k, v, mask=padding), _sdpa_reference(q, k, v, padding),
+        "scaled_dot_product_attention with a key-padding mask",
+        mistakes={"the mask is inverted: True must mean 'may attend' (as in F.scaled_dot_product_attention), "
+                  "not 'blocked' (as in nn.MultiheadAttention)": _sdpa_reference(q, k, v, padding, invert=True)},
+    )
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    course.expect_close(
+        scaled_dot_product_attention(q, k, v, mask=causal), _sdpa_reference(q, k, v, causal),
+        "scaled_dot_product_attention with a causal mask",
+        mistakes={
+            "the causal mask is missing: future positions get weight (is the mask applied at all?)": _sdpa_reference(q, k, v, causal, use_mask=False),
+            "the mask is applied after the softmax: blocked weights are zeroed, but rows no longer sum to 1": _sdpa_reference(q, k, v, causal, after=True),
+            "the bool mask is added as numbers (0/1) instead of blocking with -inf": _sdpa_reference(q, k, v, causal, as_numbers=True),
+            "the scale 1/sqrt(d_k) is missing": _sdpa_reference(q, k, v, causal, scale=False),
+        },
+    )
+    result = scaled_dot_product_attention(q, k, v, mask=causal, return_weights=True)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise course.CheckFailed(f"with return_weights=True, return (output, weights); got {course.describe(result)}")
+    expected_weights = torch.softmax((q @ k.transpose(-2, -1) / 2.0).masked_fill(~causal, float("-inf")), dim=-1)
+    course.expect_close(result[1], expected_weights, "the weights returned with return_weights=True")
+    bias = torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0])  # an additive bias: later keys are penalized
+    course.expect_close(
+        scaled_dot_product_attention(q, k, v, bias=bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+        "scaled_dot_product_attention with a bias", mistakes={"the bias is ignored: add it to the scores": _sdpa_reference(q, k, v)},
+    )
+    blocked = causal.clone()
+    blocked[2] = False  # query 2 may attend to no key at all
+    out = scaled_dot_product_attention(q, k, v, mask=blocked)
+    if isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
+        raise course.CheckFailed("a query whose every key is blocked gave NaN: its row of scores is all -inf and the softmax "
+                                 "divides 0 by 0. Find such rows (torch.isneginf(scores).all(-1, keepdim=True)) and give "
+                                 "them zero weights")
+    expected = _sdpa_reference(q, k, v, causal).index_fill(1, torch.tensor([2]), 0.0)
+    course.expect_close(out, expected, "scaled_dot_product_attention with a fully blocked query (row 2 must be zeros)")
+    course.expect_close(scaled_dot_product_attention(q, k, v, mask=torch.zeros(5, 5).masked_fill(~blocked, float("-inf"))),
+                        expected, "the same with a float mask (row 2 all -inf) must give zeros too",
+                        hint="look for rows of -inf in the scores after the mask is added, whatever its dtype")
+    course.expect_raises(ValueError, scaled_dot_product_attention, q, k, v, mask=torch.ones(5, 4, dtype=torch.bool),
+                         what="scaled_dot_product_attention with a (5, 4) mask for 5 queries and 5 keys",
+                         mistakes={"the mask's shape is not checked: call check_mask_shape(mask, scores.shape, 'mask')": RuntimeError})
+check_scaled_dot_product_attention(scaled_dot_product_attention)
 print("scaled_dot_product_attention: visible test passed")
 
 # %%
 #| test scaled_dot_product_attention_hidden points=3
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(2024)
 
 
 def _r(*shape, dtype=torch.float64):
-    return torch.randn(*shape, generator=g, dtype=dtype)
+    return torch.randn(*shape, dtype=dtype)
 
 
 # no mask; q_len != k_len; d_v != d_k; batch and head dimensions
@@ -518,16 +523,16 @@ q, k, v = _r(2, 3, 5, 8), _r(2, 3, 7, 8), _r(2, 3, 7, 6)
 course.expect_close(scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
                     "attention without a mask (2, 3, 5|7, 8)", atol=1e-10)
 # random boolean mask (every query keeps at least one key), full shape and broadcast shape
-mask = torch.rand(2, 3, 5, 7, generator=g) < 0.5
+mask = torch.rand(2, 3, 5, 7) < 0.5
 mask[..., 2] = True
 course.expect_close(scaled_dot_product_attention(q, k, v, mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
                     "attention with a random bool mask", atol=1e-10)
-mask2 = torch.rand(5, 7, generator=g) < 0.5
+mask2 = torch.rand(5, 7) < 0.5
 mask2[:, 0] = True
 course.expect_close(scaled_dot_product_attention(q, k, v, mask=mask2), F.scaled_dot_product_attention(q, k, v, attn_mask=mask2),
                     "attention with a (q_len, k_len) bool mask broadcast over batch and heads", atol=1e-10)
 # float (additive) mask with finite values and -inf
-fmask = _r(1, 3, 5, 7).masked_fill(torch.rand(1, 3, 5, 7, generator=g) < 0.3, float("-inf"))
+fmask = _r(1, 3, 5, 7).masked_fill(torch.rand(1, 3, 5, 7) < 0.3, float("-inf"))
 fmask[..., 0] = 0.0
 course.expect_close(scaled_dot_product_attention(q, k, v, mask=fmask), F.scaled_dot_product_attention(q, k, v, attn_mask=fmask),
                     "attention with an additive float mask", atol=1e-10)
@@ -562,7 +567,7 @@ assert torch.isfinite(out).all() and (out[:, :, 3] == 0).all(), "a row of -inf i
 # large scores do not overflow
 big = 100 * _r(1, 1, 6, 32, dtype=torch.float32)
 out = scaled_dot_product_attention(big, big, big)
-assert torch.isfinite(out).all(), "NaN or inf for large scores: is the softmax stable?"
+assert torch.isfinite(out).all(), "attention gave NaN or inf for large scores"
 course.expect_close(out, F.scaled_dot_product_attention(big, big, big), "attention with large scores", atol=1e-3)
 # a mask of the wrong shape is a ValueError
 for wrong in (torch.ones(5, 6, dtype=torch.bool), torch.ones(4, 3, 5, 7, dtype=torch.bool)):
@@ -571,12 +576,8 @@ for wrong in (torch.ones(5, 6, dtype=torch.bool), torch.ones(4, 3, 5, 7, dtype=t
 ### END HIDDEN TESTS
 
 # %%
-attend = course.keep_going(
-    "scaled_dot_product_attention", scaled_dot_product_attention, reference_attention.scaled_dot_product_attention,
-    check=lambda f: course.expect_close(f(*_sdpa_case(), mask=torch.ones(5, 5, dtype=torch.bool).tril()),
-                                        _sdpa_reference(*_sdpa_case(), torch.ones(5, 5, dtype=torch.bool).tril()),
-                                        "scaled_dot_product_attention"),
-)
+attend = course.keep_going("scaled_dot_product_attention", scaled_dot_product_attention,
+                           reference_attention.scaled_dot_product_attention, check_scaled_dot_product_attention)
 
 # %% [markdown]
 # PyTorch ships the same function, `F.scaled_dot_product_attention`, which picks a fused
@@ -803,38 +804,53 @@ def _heads_case():
     return torch.arange(2 * 3 * 8, dtype=torch.float32).reshape(2, 3, 8)  # batch 2, seq 3, width 8
 
 
-x = _heads_case()
-expected = torch.stack([x[:, :, 0:4], x[:, :, 4:8]], dim=1)  # 2 heads of width 4: (2, 2, 3, 4)
-course.expect_close(
-    split_heads(x, 2), expected, "split_heads(x, n_heads=2)",
-    mistakes={
-        "heads mixed up: reshaped to (batch, heads, seq, head_dim) without the transpose, "
-        "so each 'head' holds pieces of several positions": x.reshape(2, 2, 3, 4),
-        "heads mixed up: the width was split as (head_dim, n_heads), so head h holds every n_heads-th "
-        "feature instead of a contiguous block": x.reshape(2, 3, 4, 2).permute(0, 3, 1, 2),
-    },
-    hint="the result has shape (batch, n_heads, seq, head_dim)",
-)
-heads = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
-course.expect_close(
-    merge_heads(heads), torch.cat([heads[:, 0], heads[:, 1]], dim=-1), "merge_heads",
-    mistakes={"heads mixed up: reshaped to (batch, seq, width) without moving the head axis back first": heads.reshape(2, 3, 8)},
-    hint="the result has shape (batch, seq, n_heads * head_dim)",
-)
-course.expect_close(merge_heads(split_heads(x, 4)), x, "merge_heads(split_heads(x, 4)) must give x back")
-course.expect_raises(ValueError, split_heads, _heads_case(), 3, what="split_heads(x of width 8, n_heads=3)",
-                     mistakes={"3 heads do not divide a width of 8: check it and raise ValueError (an assert is not "
-                               "an error message, and reshape's RuntimeError does not name n_heads)": (AssertionError, RuntimeError)})
+def check_split_heads(split_heads):
+    x = _heads_case()
+    expected = torch.stack([x[:, :, 0:4], x[:, :, 4:8]], dim=1)  # 2 heads of width 4: (2, 2, 3, 4)
+    course.expect_close(
+        split_heads(x, 2), expected, "split_heads(x, n_heads=2)",
+        mistakes={
+            "heads mixed up: reshaped to (batch, heads, seq, head_dim) without the transpose, "
+            "so each 'head' holds pieces of several positions": x.reshape(2, 2, 3, 4),
+            "heads mixed up: the width was split as (head_dim, n_heads), so head h holds every n_heads-th "
+            "feature instead of a contiguous block": x.reshape(2, 3, 4, 2).permute(0, 3, 1, 2),
+        },
+        hint="the result has shape (batch, n_heads, seq, head_dim)",
+    )
+    course.expect_raises(ValueError, split_heads, _heads_case(), 3, what="split_heads(x of width 8, n_heads=3)",
+                         mistakes={"3 heads do not divide a width of 8: check it and raise ValueError (an assert is not "
+                                   "an error message, and reshape's RuntimeError does not name n_heads)": (AssertionError, RuntimeError)})
+
+
+def check_merge_heads(merge_heads):
+    heads = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
+    course.expect_close(
+        merge_heads(heads), torch.cat([heads[:, 0], heads[:, 1]], dim=-1), "merge_heads",
+        mistakes={"heads mixed up: reshaped to (batch, seq, width) without moving the head axis back first": heads.reshape(2, 3, 8)},
+        hint="the result has shape (batch, seq, n_heads * head_dim)",
+    )
+    x = _heads_case()
+    split = x.unflatten(-1, (4, 2)).transpose(1, 2)  # 4 heads of width 2, as split_heads makes them: not contiguous
+    try:
+        got = merge_heads(split)
+    except RuntimeError as error:
+        raise course.CheckFailed(f"merge_heads fails on heads that split_heads made ({str(error)[:60]}): after the "
+                                 "transpose they are not contiguous, so use reshape, not view") from error
+    course.expect_close(got, x, "merge_heads of split heads must give x back")
+
+
+check_split_heads(split_heads)
+check_merge_heads(merge_heads)
+course.expect_close(merge_heads(split_heads(_heads_case(), 4)), _heads_case(), "merge_heads(split_heads(x, 4)) must give x back")
 print("split_heads and merge_heads: visible test passed")
 
 # %%
 #| test split_heads_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(33)
 for batch, seq, n_heads, head_dim, dtype in [(3, 5, 4, 6, torch.float32), (1, 1, 1, 8, torch.float64),
                                              (2, 7, 8, 1, torch.float32), (4, 2, 3, 5, torch.float16)]:
-    wide = torch.randn(batch, seq, 3 * n_heads * head_dim, generator=g).to(dtype)
+    wide = torch.randn(batch, seq, 3 * n_heads * head_dim).to(dtype)
     x = wide[..., n_heads * head_dim: 2 * n_heads * head_dim]  # a slice of a fused projection: not contiguous
     got = split_heads(x, n_heads)
     assert isinstance(got, torch.Tensor) and got.shape == (batch, n_heads, seq, head_dim), \
@@ -842,13 +858,13 @@ for batch, seq, n_heads, head_dim, dtype in [(3, 5, 4, 6, torch.float32), (1, 1,
     for h in range(n_heads):
         assert torch.equal(got[:, h], x[..., h * head_dim:(h + 1) * head_dim]), f"head {h} does not hold its own features"
     assert torch.equal(merge_heads(got), x), "merge_heads(split_heads(x)) must equal x"
-    y = torch.randn(batch, n_heads, seq, head_dim, generator=g).to(dtype)
+    y = torch.randn(batch, n_heads, seq, head_dim).to(dtype)
     assert torch.equal(merge_heads(y), torch.cat(list(y.unbind(1)), dim=-1)), "merge_heads must concatenate heads in order"
     assert torch.equal(split_heads(merge_heads(y), n_heads), y), "split_heads(merge_heads(y)) must equal y"
 # the heads of split_heads feed attention exactly as torch.nn.MultiheadAttention splits them
 d, h = 12, 3
 mha = torch.nn.MultiheadAttention(d, h, batch_first=True, bias=False)
-x = torch.randn(2, 6, d, generator=g)
+x = torch.randn(2, 6, d)
 w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3)
 heads = F.scaled_dot_product_attention(split_heads(x @ w_q.T, h), split_heads(x @ w_k.T, h), split_heads(x @ w_v.T, h))
 course.expect_close(merge_heads(heads) @ mha.out_proj.weight.detach().T, mha(x, x, x, need_weights=False)[0].detach(),
@@ -858,14 +874,8 @@ course.expect_raises(ValueError, split_heads, torch.zeros(1, 2, 10), 4, what="sp
 ### END HIDDEN TESTS
 
 # %%
-split = course.keep_going(
-    "split_heads", split_heads, reference_attention.split_heads,
-    check=lambda f: course.expect_close(f(_heads_case(), 2), _heads_case().unflatten(-1, (2, -1)).transpose(1, 2), "split_heads"),
-)
-merge = course.keep_going(
-    "merge_heads", merge_heads, reference_attention.merge_heads,
-    check=lambda f: course.expect_close(f(_heads_case().unflatten(-1, (4, -1)).transpose(1, 2)), _heads_case(), "merge_heads"),
-)
+split = course.keep_going("split_heads", split_heads, reference_attention.split_heads, check_split_heads)
+merge = course.keep_going("merge_heads", merge_heads, reference_attention.merge_heads, check_merge_heads)
 
 # %% [markdown]
 # With `split_heads`, `merge_heads` and attention, multi-head attention is five lines.
@@ -946,30 +956,31 @@ def _kv_case():
     return torch.arange(1 * 2 * 3 * 2, dtype=torch.float32).reshape(1, 2, 3, 2)  # 2 K/V heads
 
 
-x = _kv_case()
-course.expect_close(
-    repeat_kv(x, 3), torch.stack([x[:, 0], x[:, 0], x[:, 0], x[:, 1], x[:, 1], x[:, 1]], dim=1), "repeat_kv(x, n_rep=3)",
-    mistakes={"the K/V heads are tiled (0, 1, 0, 1, 0, 1) instead of repeated consecutively (0, 0, 0, 1, 1, 1): "
-              "query head h must use K/V head h // n_rep, so groups are consecutive": x.repeat(1, 3, 1, 1)},
-    hint="the result has shape (batch, n_kv_heads * n_rep, seq, head_dim)",
-)
-course.expect_close(repeat_kv(x, 1), x, "repeat_kv(x, n_rep=1) must return x unchanged")
-course.expect_raises(ValueError, repeat_kv, x, 0, what="repeat_kv(x, n_rep=0)",
-                     hint="n_rep below 1 makes no sense (repeat_interleave(0) silently returns zero heads): raise ValueError")
+def check_repeat_kv(repeat_kv):
+    x = _kv_case()
+    course.expect_close(
+        repeat_kv(x, 3), torch.stack([x[:, 0], x[:, 0], x[:, 0], x[:, 1], x[:, 1], x[:, 1]], dim=1), "repeat_kv(x, n_rep=3)",
+        mistakes={"the K/V heads are tiled (0, 1, 0, 1, 0, 1) instead of repeated consecutively (0, 0, 0, 1, 1, 1): "
+                  "query head h must use K/V head h // n_rep, so groups are consecutive": x.repeat(1, 3, 1, 1)},
+        hint="the result has shape (batch, n_kv_heads * n_rep, seq, head_dim)",
+    )
+    course.expect_close(repeat_kv(x, 1), x, "repeat_kv(x, n_rep=1) must return x unchanged")
+    course.expect_raises(ValueError, repeat_kv, x, 0, what="repeat_kv(x, n_rep=0)",
+                         hint="n_rep below 1 makes no sense (repeat_interleave(0) silently returns zero heads): raise ValueError")
+check_repeat_kv(repeat_kv)
 print("repeat_kv: visible test passed")
 
 # %%
 #| test repeat_kv_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(7)
 for shape, n_rep, dtype in [((2, 4, 5, 3), 2, torch.float32), ((1, 1, 7, 8), 8, torch.float64), ((3, 3, 1, 4), 4, torch.float16)]:
-    x = torch.randn(*shape, generator=g).to(dtype)
+    x = torch.randn(*shape).to(dtype)
     got = repeat_kv(x, n_rep)
     assert isinstance(got, torch.Tensor) and got.dtype == dtype, "repeat_kv must keep the dtype"
     course.expect_close(got, x.repeat_interleave(n_rep, dim=1), f"repeat_kv {shape} n_rep={n_rep}", atol=0, rtol=0)
 # GQA through repeat_kv equals PyTorch's own grouped-query attention
-q, k, v = torch.randn(2, 8, 6, 4, generator=g), torch.randn(2, 2, 6, 4, generator=g), torch.randn(2, 2, 6, 4, generator=g)
+q, k, v = torch.randn(2, 8, 6, 4), torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)
 course.expect_close(F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), is_causal=True),
                     F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                     "attention with repeat_kv equals F.scaled_dot_product_attention(enable_gqa=True)", atol=1e-6)
@@ -978,10 +989,7 @@ for bad in (0, -2):
 ### END HIDDEN TESTS
 
 # %%
-repeat = course.keep_going(
-    "repeat_kv", repeat_kv, reference_attention.repeat_kv,
-    check=lambda f: course.expect_close(f(_kv_case(), 3), _kv_case().repeat_interleave(3, dim=1), "repeat_kv"),
-)
+repeat = course.keep_going("repeat_kv", repeat_kv, reference_attention.repeat_kv, check_repeat_kv)
 
 # %% [markdown]
 # ### Exercise 5 · How much memory does the KV cache take?
@@ -1022,28 +1030,35 @@ def _llama2_70b():
                        n_kv_heads=8, d_ff=28672, positions="rope", norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=False)
 
 
-expected = 2 * 80 * 1 * 4096 * 8 * 128 * 2
-course.expect_equal(
-    kv_cache_bytes(_llama2_70b(), 1, 4096), expected, "kv_cache_bytes(Llama-2-70B, batch 1, 4096 tokens)",
-    mistakes={
-        "half the bytes: only keys or only values counted (the factor 2 is missing), or bytes_per_element "
-        "ignored (that counts numbers, not bytes)": expected // 2,
-        "n_heads used instead of n_kv_heads: the query heads are not cached, only the K/V heads": expected * 8,
-        "the layers are missing: every layer has its own cache": expected // 80,
-    },
-)
-per_sequence = 2 * 80 * 1000 * 8 * 128
-course.expect_equal(
-    kv_cache_bytes(_llama2_70b(), 3, 1000, bytes_per_element=4), 3 * per_sequence * 4,
-    "kv_cache_bytes(Llama-2-70B, batch 3, 1000 tokens, bytes_per_element=4)",
-    mistakes={
-        "batch_size ignored: every sequence of the batch has its own cache": per_sequence * 4,
-        "bytes_per_element ignored: 2 bytes assumed whatever the argument says": 3 * per_sequence * 2,
-        "bytes_per_element ignored (this counts numbers, not bytes)": 3 * per_sequence,
-    },
-)
-course.expect_raises(ValueError, kv_cache_bytes, _llama2_70b(), 1, -4096, what="kv_cache_bytes with seq_len=-4096")
-print(f"kv_cache_bytes: visible test passed ({expected / 2**30:.2f} GiB)")
+_LLAMA2_70B_CACHE = 2 * 80 * 1 * 4096 * 8 * 128 * 2  # bytes: 2 (K, V) x layers x batch x seq x n_kv x d_k x 2
+
+
+def check_kv_cache_bytes(kv_cache_bytes):
+    expected = _LLAMA2_70B_CACHE
+    course.expect_equal(
+        kv_cache_bytes(_llama2_70b(), 1, 4096), expected, "kv_cache_bytes(Llama-2-70B, batch 1, 4096 tokens)",
+        mistakes={
+            "half the bytes: only keys or only values counted (the factor 2 is missing), or bytes_per_element "
+            "ignored (that counts numbers, not bytes)": expected // 2,
+            "n_heads used instead of n_kv_heads: the query heads are not cached, only the K/V heads": expected * 8,
+            "the layers are missing: every layer has its own cache": expected // 80,
+        },
+    )
+    per_sequence = 2 * 80 * 1000 * 8 * 128
+    course.expect_equal(
+        kv_cache_bytes(_llama2_70b(), 3, 1000, bytes_per_element=4), 3 * per_sequence * 4,
+        "kv_cache_bytes(Llama-2-70B, batch 3, 1000 tokens, bytes_per_element=4)",
+        mistakes={
+            "batch_size ignored: every sequence of the batch has its own cache": per_sequence * 4,
+            "bytes_per_element ignored: 2 bytes assumed whatever the argument says": 3 * per_sequence * 2,
+            "bytes_per_element ignored (this counts numbers, not bytes)": 3 * per_sequence,
+        },
+    )
+    course.expect_raises(ValueError, kv_cache_bytes, _llama2_70b(), 1, -4096, what="kv_cache_bytes with seq_len=-4096")
+
+
+check_kv_cache_bytes(kv_cache_bytes)
+print(f"kv_cache_bytes: visible test passed ({_LLAMA2_70B_CACHE / 2**30:.2f} GiB)")
 
 # %%
 #| test kv_cache_bytes_hidden points=2
@@ -1065,15 +1080,14 @@ for cfg, batch, seq, dtype in [
     course.expect_equal(kv_cache_bytes(cfg, batch, seq, element), _meta_cache_bytes(cfg, batch, seq, dtype),
                         f"kv_cache_bytes d={cfg.d_model} layers={cfg.n_layers} kv={cfg.n_kv_heads} batch={batch} seq={seq} {dtype}")
 course.expect_equal(kv_cache_bytes(ModelConfig(), 1, 1), 2 * 12 * 768 * 2, "kv_cache_bytes default bytes_per_element is 2")
-course.expect_raises(ValueError, kv_cache_bytes, ModelConfig(), -1, 10, what="kv_cache_bytes with batch_size=-1")
+for batch, seq, element in [(-1, 10, 2), (1, -3, 2), (2, 5, -4)]:
+    course.expect_raises(ValueError, kv_cache_bytes, ModelConfig(), batch, seq, element,
+                         what=f"kv_cache_bytes with batch_size={batch}, seq_len={seq}, bytes_per_element={element}")
 
 ### END HIDDEN TESTS
 
 # %%
-cache_bytes = course.keep_going(
-    "kv_cache_bytes", kv_cache_bytes, reference_attention.kv_cache_bytes,
-    check=lambda f: course.expect_equal(f(_llama2_70b(), 1, 4096), 2 * 80 * 4096 * 8 * 128 * 2, "kv_cache_bytes"),
-)
+cache_bytes = course.keep_going("kv_cache_bytes", kv_cache_bytes, reference_attention.kv_cache_bytes, check_kv_cache_bytes)
 
 # %% [markdown]
 # What GQA and MQA save, for Llama 2 70B's shape at its full context of 4,096 tokens, in
