@@ -24,9 +24,12 @@
 #
 # **How the exercises work.** Each exercise has an answer cell (replace
 # `raise NotImplementedError()` with your code), a *visible test* that explains what is
-# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
-# cell after the tests binds a new name to your function if it works, or to the course's
-# reference if it does not, so you can always read on.
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded.
+# Each exercise is graded on its own: where one builds on another, its tests use the
+# course's reference for the other. A cell after the tests binds a new name to your
+# function when it passes the visible test, or else to the course's reference, so you can
+# always read on; in a student bundle where that reference is not released yet, the cells
+# that need your answer wait for it and say so.
 
 # %%
 import math
@@ -160,29 +163,30 @@ def _expect_input_unchanged(fn, name):
     return got
 
 
-x = _gelu_case()
-course.expect_close(
-    _expect_input_unchanged(gelu, "gelu"), _gelu_exact(x), "gelu", atol=1e-7, rtol=1e-6,
-    mistakes={
-        "the tanh approximation instead of the exact erf form": _gelu_tanh_formula(x),
-        "erf(x) instead of erf(x / sqrt(2))": 0.5 * x * (1 + torch.erf(x)),
-        "returns Phi(x), the normal CDF, without multiplying by x": 0.5 * (1 + torch.erf(x / math.sqrt(2))),
-        "the factor 1/2 is missing": x * (1 + torch.erf(x / math.sqrt(2))),
-        "x * sigmoid(x) (SiLU), not GELU": x * torch.sigmoid(x),
-        "x * sigmoid(1.702 x), the sigmoid approximation, not the exact form": x * torch.sigmoid(1.702 * x),
-        "ReLU, not GELU": x.clamp(min=0),
-    },
-    hint="GELU(x) = 0.5 * x * (1 + erf(x / sqrt(2)))",
-)
+def check_gelu(gelu):
+    x = _gelu_case()
+    course.expect_close(
+        _expect_input_unchanged(gelu, "gelu"), _gelu_exact(x), "gelu", atol=1e-7, rtol=1e-6,
+        mistakes={
+            "the tanh approximation instead of the exact erf form": _gelu_tanh_formula(x),
+            "erf(x) instead of erf(x / sqrt(2))": 0.5 * x * (1 + torch.erf(x)),
+            "returns Phi(x), the normal CDF, without multiplying by x": 0.5 * (1 + torch.erf(x / math.sqrt(2))),
+            "the factor 1/2 is missing": x * (1 + torch.erf(x / math.sqrt(2))),
+            "x * sigmoid(x) (SiLU), not GELU": x * torch.sigmoid(x),
+            "x * sigmoid(1.702 x), the sigmoid approximation, not the exact form": x * torch.sigmoid(1.702 * x),
+            "ReLU, not GELU": x.clamp(min=0),
+        },
+        hint="GELU(x) = 0.5 * x * (1 + erf(x / sqrt(2)))",
+    )
+check_gelu(gelu)
 print("gelu: visible test passed")
 
 # %%
 #| test gelu_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-_g = torch.Generator().manual_seed(11)
 for shape, dtype, atol in [((3, 4, 5), torch.float32, 1e-6), ((257,), torch.float64, 1e-12), ((2, 1, 1, 9), torch.float32, 1e-6)]:
-    x = 3 * torch.randn(*shape, generator=_g, dtype=dtype)
+    x = 3 * torch.randn(*shape, dtype=dtype)
     before = x.clone()
     got = gelu(x)
     assert torch.equal(x, before), "gelu changed its input in place"
@@ -207,10 +211,7 @@ assert abs(values.min().item() + 0.169971) < 1e-5 and abs(grid[values.argmin()].
 # %%
 from minillm import ffn as reference_ffn
 
-exact_gelu = course.keep_going(
-    "gelu", gelu, reference_ffn.gelu,
-    check=lambda f: course.expect_close(f(_gelu_case()), _gelu_exact(_gelu_case()), "gelu", atol=1e-7, rtol=1e-6),
-)
+exact_gelu = course.keep_going("gelu", gelu, reference_ffn.gelu, check_gelu)
 
 # %% [markdown]
 # ### Exercise 2 · GELU, the tanh form
@@ -240,27 +241,28 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 # %%
 #| test gelu_tanh_visible points=1
-x = _gelu_case()
-course.expect_close(
-    _expect_input_unchanged(gelu_tanh, "gelu_tanh"), _gelu_tanh_formula(x), "gelu_tanh", atol=1e-7, rtol=1e-6,
-    mistakes={
-        "the exact erf form, not the tanh approximation": _gelu_exact(x),
-        "the cubic term 0.044715 x^3 is missing": 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)),
-        "2/pi without the square root": 0.5 * x * (1 + torch.tanh(2 / math.pi * (x + 0.044715 * x**3))),
-        "the factor sqrt(2/pi) is missing": 0.5 * x * (1 + torch.tanh(x + 0.044715 * x**3)),
-        "the factor 1/2 is missing": x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
-    },
-    hint="compute the constant as math.sqrt(2 / math.pi): typed by hand as 0.7979 it is off by 1e-5",
-)
+def check_gelu_tanh(gelu_tanh):
+    x = _gelu_case()
+    course.expect_close(
+        _expect_input_unchanged(gelu_tanh, "gelu_tanh"), _gelu_tanh_formula(x), "gelu_tanh", atol=1e-7, rtol=1e-6,
+        mistakes={
+            "the exact erf form, not the tanh approximation": _gelu_exact(x),
+            "the cubic term 0.044715 x^3 is missing": 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)),
+            "2/pi without the square root": 0.5 * x * (1 + torch.tanh(2 / math.pi * (x + 0.044715 * x**3))),
+            "the factor sqrt(2/pi) is missing": 0.5 * x * (1 + torch.tanh(x + 0.044715 * x**3)),
+            "the factor 1/2 is missing": x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+        },
+        hint="compute the constant as math.sqrt(2 / math.pi): typed by hand as 0.7979 it is off by 1e-5",
+    )
+check_gelu_tanh(gelu_tanh)
 print("gelu_tanh: visible test passed")
 
 # %%
 #| test gelu_tanh_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-_g = torch.Generator().manual_seed(12)
 for shape, dtype, atol in [((4, 6, 3), torch.float32, 1e-6), ((129,), torch.float64, 1e-12), ((1,), torch.float32, 1e-6)]:
-    x = 3 * torch.randn(*shape, generator=_g, dtype=dtype)
+    x = 3 * torch.randn(*shape, dtype=dtype)
     before = x.clone()
     got = gelu_tanh(x)
     assert torch.equal(x, before), "gelu_tanh changed its input in place"
@@ -277,10 +279,7 @@ assert 4e-4 < gap < 5e-4, f"gelu_tanh should differ from exact GELU by at most a
 ### END HIDDEN TESTS
 
 # %%
-tanh_gelu = course.keep_going(
-    "gelu_tanh", gelu_tanh, reference_ffn.gelu_tanh,
-    check=lambda f: course.expect_close(f(_gelu_case()), _gelu_tanh_formula(_gelu_case()), "gelu_tanh", atol=1e-7, rtol=1e-6),
-)
+tanh_gelu = course.keep_going("gelu_tanh", gelu_tanh, reference_ffn.gelu_tanh, check_gelu_tanh)
 
 # %% [markdown]
 # ### The activations, side by side
@@ -518,35 +517,36 @@ def _swiglu_formula(x, w1, w2, w3, gate=F.silu, swap=False, gated=True):
     return hidden @ w2.T
 
 
-x, w1, w2, w3 = _swiglu_case()  # d_model 4, d_ff 6
-try:
-    got = swiglu(x, w1, w2, w3)
-except RuntimeError as error:
-    raise course.CheckFailed(f"swiglu raised {error}: a weight used untransposed? torch.nn.Linear stores "
-                             "(out, in), so W x is x @ w.T. Or w2 and w3 swapped? The arguments are "
-                             "(x, w1, w2, w3): w1 the gate, w2 the projection back to d_model, w3 the value") from error
-course.expect_close(
-    got, _swiglu_formula(x, w1, w2, w3), "swiglu", atol=1e-10, rtol=1e-8,
-    mistakes={
-        "SiLU applied to the value W3 x instead of the gate W1 x (w1 and w3 swapped)": _swiglu_formula(x, w1, w2, w3, swap=True),
-        "sigmoid instead of SiLU (that is the original GLU)": _swiglu_formula(x, w1, w2, w3, gate=torch.sigmoid),
-        "GELU instead of SiLU (that is GEGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.gelu),
-        "ReLU instead of SiLU (that is ReGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.relu),
-        "the gating product is missing: W2 SiLU(W1 x), w3 unused": _swiglu_formula(x, w1, w2, w3, gated=False),
-    },
-    hint="the output has the input's shape, (..., d_model)",
-)
+def check_swiglu(swiglu):
+    x, w1, w2, w3 = _swiglu_case()  # d_model 4, d_ff 6
+    try:
+        got = swiglu(x, w1, w2, w3)
+    except RuntimeError as error:
+        raise course.CheckFailed(f"swiglu raised {error}: a weight used untransposed? torch.nn.Linear stores "
+                                 "(out, in), so W x is x @ w.T. Or w2 and w3 swapped? The arguments are "
+                                 "(x, w1, w2, w3): w1 the gate, w2 the projection back to d_model, w3 the value") from error
+    course.expect_close(
+        got, _swiglu_formula(x, w1, w2, w3), "swiglu", atol=1e-10, rtol=1e-8,
+        mistakes={
+            "SiLU applied to the value W3 x instead of the gate W1 x (w1 and w3 swapped)": _swiglu_formula(x, w1, w2, w3, swap=True),
+            "sigmoid instead of SiLU (that is the original GLU)": _swiglu_formula(x, w1, w2, w3, gate=torch.sigmoid),
+            "GELU instead of SiLU (that is GEGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.gelu),
+            "ReLU instead of SiLU (that is ReGLU)": _swiglu_formula(x, w1, w2, w3, gate=F.relu),
+            "the gating product is missing: W2 SiLU(W1 x), w3 unused": _swiglu_formula(x, w1, w2, w3, gated=False),
+        },
+        hint="the output has the input's shape, (..., d_model)",
+    )
+check_swiglu(swiglu)
 print("swiglu: visible test passed")
 
 # %%
 #| test swiglu_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-_g = torch.Generator().manual_seed(13)
 for lead, d, h, dtype in [((5, 7), 8, 24, torch.float32), ((1, 1), 3, 5, torch.float64), ((), 16, 40, torch.float64), ((2, 2, 3), 12, 32, torch.float32)]:
     gate, up, down = (nn.Linear(d, h, bias=False, dtype=dtype), nn.Linear(d, h, bias=False, dtype=dtype),
                       nn.Linear(h, d, bias=False, dtype=dtype))
-    x = torch.randn(*lead, d, generator=_g, dtype=dtype)
+    x = torch.randn(*lead, d, dtype=dtype)
     with torch.no_grad():
         expected = down(gate(x) * torch.sigmoid(gate(x)) * up(x))
     got = swiglu(x, gate.weight.detach(), down.weight.detach(), up.weight.detach())
@@ -561,10 +561,7 @@ assert not torch.allclose(swiglu(x, 3 * w1, w2, w3), 3 * base), "swiglu must not
 ### END HIDDEN TESTS
 
 # %%
-swiglu_ffn = course.keep_going(
-    "swiglu", swiglu, reference_ffn.swiglu,
-    check=lambda f: course.expect_close(f(*_swiglu_case()), _swiglu_formula(*_swiglu_case()), "swiglu", atol=1e-10, rtol=1e-8),
-)
+swiglu_ffn = course.keep_going("swiglu", swiglu, reference_ffn.swiglu, check_swiglu)
 
 # %% [markdown]
 # ### The 2/3 rule
@@ -628,42 +625,44 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 
 # %%
 #| test swiglu_hidden_size_visible points=1
-_width = swiglu_hidden_size(4096)
-if type(_width) is not int:
-    raise course.CheckFailed(f"swiglu_hidden_size(4096) must return a Python int, got {course.describe(_width)}: "
-                             "truncate with int() and round up with integer arithmetic (// or math.ceil)")
-course.expect_equal(
-    _width, 11008, "swiglu_hidden_size(4096) (LLaMA-7B)",
-    mistakes={
-        "the 2/3 factor is missing (4 * d_model)": 16384,
-        "not rounded to a multiple of multiple_of": 10922,
-        "rounded down instead of up": 10752,
-        "2/3 of d_model instead of 2/3 of 4 * d_model": 2816,
-    },
-)
-course.expect_equal(
-    swiglu_hidden_size(768, multiple_of=64), 2048, "swiglu_hidden_size(768, multiple_of=64)",
-    mistakes={"a width that is already a multiple was bumped to the next multiple": 2112},
-)
-course.expect_equal(
-    swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3), 14336,
-    "swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3) (LLaMA 3 8B)",
-    mistakes={"ffn_dim_multiplier ignored": 11264, "the multiplier applied after rounding": int(1.3 * 11264)},
-)
-# multiple_of=1 shows every truncation: 8 * 100 / 3 = 266.67, and 1.3 * 266 = 345.8
-course.expect_equal(
-    swiglu_hidden_size(100, multiple_of=1), 266, "swiglu_hidden_size(100, multiple_of=1)",
-    mistakes={"2/3 * 4 * d_model rounded to the nearest int (or up) instead of truncated with int()": 267},
-)
-course.expect_equal(
-    swiglu_hidden_size(100, multiple_of=1, ffn_dim_multiplier=1.3), 345,
-    "swiglu_hidden_size(100, multiple_of=1, ffn_dim_multiplier=1.3)",
-    mistakes={
-        "the multiplier applied before the 2/3, or its product not truncated with int() (LLaMA truncates "
-        "after the 2/3 and again after the multiplier)": 346,
-        "nothing truncated: LLaMA truncates after the 2/3 and again after the multiplier": 347,
-    },
-)
+def check_swiglu_hidden_size(swiglu_hidden_size):
+    width = swiglu_hidden_size(4096)
+    if type(width) is not int:
+        raise course.CheckFailed(f"swiglu_hidden_size(4096) must return a Python int, got {course.describe(width)}: "
+                                 "truncate with int() and round up with integer arithmetic (// or math.ceil)")
+    course.expect_equal(
+        width, 11008, "swiglu_hidden_size(4096) (LLaMA-7B)",
+        mistakes={
+            "the 2/3 factor is missing (4 * d_model)": 16384,
+            "not rounded to a multiple of multiple_of": 10922,
+            "rounded down instead of up": 10752,
+            "2/3 of d_model instead of 2/3 of 4 * d_model": 2816,
+        },
+    )
+    course.expect_equal(
+        swiglu_hidden_size(768, multiple_of=64), 2048, "swiglu_hidden_size(768, multiple_of=64)",
+        mistakes={"a width that is already a multiple was bumped to the next multiple": 2112},
+    )
+    course.expect_equal(
+        swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3), 14336,
+        "swiglu_hidden_size(4096, multiple_of=1024, ffn_dim_multiplier=1.3) (LLaMA 3 8B)",
+        mistakes={"ffn_dim_multiplier ignored": 11264, "the multiplier applied after rounding": int(1.3 * 11264)},
+    )
+    # multiple_of=1 shows every truncation: 8 * 100 / 3 = 266.67, and 1.3 * 266 = 345.8
+    course.expect_equal(
+        swiglu_hidden_size(100, multiple_of=1), 266, "swiglu_hidden_size(100, multiple_of=1)",
+        mistakes={"2/3 * 4 * d_model rounded to the nearest int (or up) instead of truncated with int()": 267},
+    )
+    course.expect_equal(
+        swiglu_hidden_size(100, multiple_of=1, ffn_dim_multiplier=1.3), 345,
+        "swiglu_hidden_size(100, multiple_of=1, ffn_dim_multiplier=1.3)",
+        mistakes={
+            "the multiplier applied before the 2/3, or its product not truncated with int() (LLaMA truncates "
+            "after the 2/3 and again after the multiplier)": 346,
+            "nothing truncated: LLaMA truncates after the 2/3 and again after the multiplier": 347,
+        },
+    )
+check_swiglu_hidden_size(swiglu_hidden_size)
 print("swiglu_hidden_size: visible test passed")
 
 # %%
@@ -684,10 +683,7 @@ for d, m in [(6, 1), (100, 1), (96, 8), (128, 8), (1000, 7), (1, 1), (2, 1)]:
 ### END HIDDEN TESTS
 
 # %%
-hidden_size = course.keep_going(
-    "swiglu_hidden_size", swiglu_hidden_size, reference_ffn.swiglu_hidden_size,
-    check=lambda f: course.expect_equal(f(4096), 11008, "swiglu_hidden_size"),
-)
+hidden_size = course.keep_going("swiglu_hidden_size", swiglu_hidden_size, reference_ffn.swiglu_hidden_size, check_swiglu_hidden_size)
 
 # %% [markdown]
 # ### The module
@@ -817,30 +813,32 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
 
 # %%
 #| test ffn_flops_visible points=1
-_count = ffn_flops(768, 3072)
-if type(_count) is not int:
-    raise course.CheckFailed(f"ffn_flops(768, 3072) must return a Python int, got {course.describe(_count)}: "
-                             "multiply ints only (no float factor such as 3.0, no tensor, no numpy)")
-course.expect_equal(
-    _count, 2 * 2 * 768 * 3072, "ffn_flops(768, 3072) (GPT-2 small, one token, forward)",
-    mistakes={
-        "a multiply-add counted as one FLOP (the factor 2 is missing)": 2 * 768 * 3072,
-        "biases counted too": 2 * (2 * 768 * 3072 + 3072 + 768),
-    },
-)
-course.expect_equal(
-    ffn_flops(4096, 11008, "swiglu"), 6 * 4096 * 11008, "ffn_flops(4096, 11008, 'swiglu') (LLaMA-7B)",
-    mistakes={"SwiGLU counted with two matrices instead of three": 4 * 4096 * 11008},
-)
-course.expect_equal(
-    ffn_flops(64, 256, "relu", n_tokens=10, training=True), 3 * 4 * 64 * 256 * 10,
-    "ffn_flops(64, 256, 'relu', n_tokens=10, training=True)",
-    mistakes={
-        "the backward pass counted as one forward (2x instead of 3x)": 2 * 4 * 64 * 256 * 10,
-        "training ignored": 4 * 64 * 256 * 10,
-        "n_tokens ignored": 3 * 4 * 64 * 256,
-    },
-)
+def check_ffn_flops(ffn_flops):
+    count = ffn_flops(768, 3072)
+    if type(count) is not int:
+        raise course.CheckFailed(f"ffn_flops(768, 3072) must return a Python int, got {course.describe(count)}: "
+                                 "multiply ints only (no float factor such as 3.0, no tensor, no numpy)")
+    course.expect_equal(
+        count, 2 * 2 * 768 * 3072, "ffn_flops(768, 3072) (GPT-2 small, one token, forward)",
+        mistakes={
+            "a multiply-add counted as one FLOP (the factor 2 is missing)": 2 * 768 * 3072,
+            "biases counted too": 2 * (2 * 768 * 3072 + 3072 + 768),
+        },
+    )
+    course.expect_equal(
+        ffn_flops(4096, 11008, "swiglu"), 6 * 4096 * 11008, "ffn_flops(4096, 11008, 'swiglu') (LLaMA-7B)",
+        mistakes={"SwiGLU counted with two matrices instead of three": 4 * 4096 * 11008},
+    )
+    course.expect_equal(
+        ffn_flops(64, 256, "relu", n_tokens=10, training=True), 3 * 4 * 64 * 256 * 10,
+        "ffn_flops(64, 256, 'relu', n_tokens=10, training=True)",
+        mistakes={
+            "the backward pass counted as one forward (2x instead of 3x)": 2 * 4 * 64 * 256 * 10,
+            "training ignored": 4 * 64 * 256 * 10,
+            "n_tokens ignored": 3 * 4 * 64 * 256,
+        },
+    )
+check_ffn_flops(ffn_flops)
 print("ffn_flops: visible test passed")
 
 # %%
@@ -871,10 +869,7 @@ course.expect_equal(ffn_flops(8, 16, "swiglu", n_tokens=0), 0, "ffn_flops with n
 ### END HIDDEN TESTS
 
 # %%
-flops = course.keep_going(
-    "ffn_flops", ffn_flops, reference_ffn.ffn_flops,
-    check=lambda f: course.expect_equal(f(64, 256, "swiglu", n_tokens=3, training=True), 3 * 6 * 64 * 256 * 3, "ffn_flops"),
-)
+flops = course.keep_going("ffn_flops", ffn_flops, reference_ffn.ffn_flops, check_ffn_flops)
 
 # %% [markdown]
 # ### Counts, checked
