@@ -118,6 +118,7 @@ def _rnn_case():
                              [[-0.781806, 0.861723], [0.684414, 0.551990], [0.767918, -0.906613]]])
     return (x, W_xh, W_hh, b_h), expected
 
+
 def check_rnn_forward(rnn_forward):
     args, expected = _rnn_case()
     course.expect_close(
@@ -146,6 +147,8 @@ def check_rnn_forward(rnn_forward):
                                  "x.new_zeros(...), which takes x's dtype; torch.zeros(...) without dtype= is float32") from None
     course.expect_equal(out64.dtype, torch.float64, "rnn_forward's output dtype for float64 inputs",
                         hint="create h_0 with x.new_zeros(...), which takes x's dtype")
+
+
 check_rnn_forward(rnn_forward)
 print("rnn_forward: visible test passed")
 
@@ -233,6 +236,7 @@ def _attention_case():
                               [0.721697, 0.574757, 0.307691], [0.587637, -1.598370, 1.135428]]])
     return x, expected
 
+
 def check_self_attention(self_attention):
     x, expected = _attention_case()
     got = self_attention(x)
@@ -265,6 +269,8 @@ def check_self_attention(self_attention):
                                  "overflows float32. A softmax written as exp(s) / exp(s).sum() fails there: use "
                                  "torch.softmax, which subtracts each row's maximum first")
     course.expect_close(out, big, "self_attention(10 * x), where each position attends only to itself")
+
+
 check_self_attention(self_attention)
 print("self_attention: visible test passed")
 
@@ -607,6 +613,8 @@ def attention_parameters(config: ModelConfig) -> int:
 
 # %%
 #| test attention_parameters_visible points=1
+
+
 def check_attention_parameters(attention_parameters):
     gpt2_small = ModelConfig(name="gpt2", ffn="gelu_tanh")  # ModelConfig's defaults are GPT-2 small's shape
     got = attention_parameters(gpt2_small)
@@ -633,6 +641,8 @@ def check_attention_parameters(attention_parameters):
         mistakes={"the biases of K and V counted at full width d: they have n_kv_heads * head_dim entries":
                   2 * 256 * 256 + 2 * 256 * 64 + 4 * 256},
     )
+
+
 check_attention_parameters(attention_parameters)
 print("attention_parameters: visible test passed")
 
@@ -698,6 +708,8 @@ def ffn_parameters(config: ModelConfig) -> int:
 
 # %%
 #| test ffn_parameters_visible points=1
+
+
 def check_ffn_parameters(ffn_parameters):
     gpt2_small = ModelConfig(name="gpt2", ffn="gelu_tanh")
     course.expect_equal(
@@ -716,6 +728,8 @@ def check_ffn_parameters(ffn_parameters):
         ffn_parameters(swiglu_bias), 3 * 64 * 172 + 2 * 172 + 64, "ffn_parameters(SwiGLU, with biases)",
         mistakes={"one input projection's bias is missing: W_1 and W_3 each have d_ff biases": 3 * 64 * 172 + 172 + 64},
     )
+
+
 check_ffn_parameters(ffn_parameters)
 print("ffn_parameters: visible test passed")
 
@@ -822,6 +836,7 @@ def _count_cases():
     return [("GPT-2 small", gpt2_small, 124_439_808), ("a small Llama-style model", small_llama, 218_944),
             ("a small BERT-style model", small_bert, 176_576)]
 
+
 def check_count_parameters(count_parameters):
     (_, gpt2, n_gpt2), (_, llama, n_llama), (_, bert, n_bert) = _count_cases()
     got = count_parameters(gpt2)
@@ -855,6 +870,8 @@ def check_count_parameters(count_parameters):
             "a final norm counted though final_norm is False": n_bert + 2 * 64,
         },
     )
+
+
 check_count_parameters(count_parameters)
 print("count_parameters: visible test passed")
 

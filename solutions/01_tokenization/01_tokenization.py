@@ -187,6 +187,7 @@ def count_pairs(word_counts: dict[tuple[int, ...], int]) -> dict[tuple[int, int]
 def _pairs_case():
     return {(1, 2, 3): 2, (2, 3): 5, (4, 4, 4): 1, (9,): 7}
 
+
 def check_count_pairs(count_pairs):
     case = _pairs_case()
     got = count_pairs(case)
@@ -200,6 +201,8 @@ def check_count_pairs(count_pairs):
         },
         hint="return a dict {(a, b): count}; a one-token word like (9,) has no pair",
     )
+
+
 check_count_pairs(count_pairs)
 print("count_pairs: visible test passed")
 
@@ -274,6 +277,7 @@ def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 def _merge_case():
     return [5, 6, 5, 6, 7, 5], (5, 6), 9
 
+
 def check_merge_pair(merge_pair):
     ids, pair, new_id = _merge_case()
     course.expect_equal(
@@ -291,6 +295,8 @@ def check_merge_pair(merge_pair):
             "scanned from the right: scan from the left, so the first two 3s merge": [3, 8],
         },
     )
+
+
 check_merge_pair(merge_pair)
 print("merge_pair: visible test passed")
 
@@ -420,6 +426,7 @@ def _step_reference(word_counts, new_id, largest_on_tie=False):
         table[tuple(merged)] = n
     return best, table
 
+
 def check_train_step(train_step):
     case = _step_case()
     got = train_step(*case)
@@ -445,6 +452,8 @@ def check_train_step(train_step):
         },
     )
     course.expect_raises(ValueError, train_step, {(1,): 4, (2,): 1}, 256, what="train_step with no pair left")
+
+
 check_train_step(train_step)
 print("train_step: visible test passed")
 
@@ -728,6 +737,7 @@ def _encode_case():
     # 256 "es", 257 "es"+"t", 258 "lo", 259 "lo"+"w", 260 "st", 261 "é" (bytes 195, 169), 262 "we"
     return [(101, 115), (256, 116), (108, 111), (258, 119), (115, 116), (195, 169), (119, 101)]
 
+
 def check_encode_word(encode_word):
     merges_case = _encode_case()
     course.expect_equal(
@@ -746,6 +756,8 @@ def check_encode_word(encode_word):
         mistakes={"characters turned into ord(...) instead of UTF-8 bytes": [110, 233]},
     )
     course.expect_equal(encode_word("x", merges_case), [120], "encode_word of a word no merge applies to")
+
+
 check_encode_word(encode_word)
 print("encode_word: visible test passed")
 
@@ -844,6 +856,7 @@ def _decode_case():
     vocab.update({256: b"caf\xc3", 257: b"\xa9!"})  # "é" is cut between 256 and 257
     return vocab
 
+
 def check_decode_ids(decode_ids):
     vocab_case = _decode_case()
     course.expect_equal(
@@ -868,6 +881,8 @@ def check_decode_ids(decode_ids):
         mistakes={"only ids that are too large are rejected (i >= len(vocab)?): check i in vocab": KeyError},
         hint="-2 is not in the vocabulary either",
     )
+
+
 check_decode_ids(decode_ids)
 print("decode_ids: visible test passed")
 

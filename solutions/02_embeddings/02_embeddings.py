@@ -141,6 +141,7 @@ def _one_hot_case():
     ids = torch.tensor([[2, 0, 3], [1, 1, 2]])
     return ids, weight
 
+
 def check_one_hot_embed(one_hot_embed):
     ids, weight = _one_hot_case()
     course.expect_close(
@@ -165,6 +166,8 @@ def check_one_hot_embed(one_hot_embed):
     course.expect_raises(ValueError, one_hot_embed, torch.tensor([0, 4]), weight, what="one_hot_embed([0, 4], weight of 4 rows)",
                          mistakes={"check_ids was not called: one_hot refused the id itself": RuntimeError},
                          hint="the id 4 is outside [0, 4): call check_ids")
+
+
 check_one_hot_embed(one_hot_embed)
 print("one_hot_embed: visible test passed")
 
@@ -339,6 +342,7 @@ def _grad_reference(ids, grad_output, vocab_size, overwrite=False, mean=False):
         grad = grad / torch.bincount(ids, minlength=vocab_size).clamp(min=1)[:, None]
     return grad
 
+
 def check_embedding_weight_grad(embedding_weight_grad):
     ids, grad_output, vocab_size = _grad_case()
     course.expect_close(
@@ -362,6 +366,8 @@ def check_embedding_weight_grad(embedding_weight_grad):
                          what="embedding_weight_grad(4 ids, grad_output of shape (3, 2), 5)",
                          mistakes={"grad_output's shape is not checked, so index_add_ refused it instead": RuntimeError},
                          hint="compare grad_output.shape[:-1] with ids.shape")
+
+
 check_embedding_weight_grad(embedding_weight_grad)
 print("embedding_weight_grad: visible test passed")
 
@@ -630,6 +636,7 @@ def _neighbours_case():
     ])
     return weight, 0, 3
 
+
 def check_nearest_neighbours(nearest_neighbours):
     weight, index, k = _neighbours_case()
     got = nearest_neighbours(weight, index, k)
@@ -659,6 +666,8 @@ def check_nearest_neighbours(nearest_neighbours):
     )
     course.expect_raises(ValueError, nearest_neighbours, weight, 7, 2, what="nearest_neighbours(weight of 6 rows, index=7, k=2)",
                          mistakes={"index is not checked, so indexing weight failed instead": IndexError})
+
+
 check_nearest_neighbours(nearest_neighbours)
 print("nearest_neighbours: visible test passed")
 
@@ -897,6 +906,7 @@ def _pca_reference(x, k, centre=True, scores=True, smallest=False, columns=False
         return centred @ vh[:, :k]
     return centred @ vh[:k].T if scores else u[:, :k]
 
+
 def check_pca_project(pca_project):
     x = _pca_case()
     got = pca_project(x, 2)
@@ -917,6 +927,8 @@ def check_pca_project(pca_project):
         atol=1e-4,
     )
     course.expect_raises(ValueError, pca_project, x, 4, what="pca_project(x of shape (6, 3), k=4)", hint="k must be between 1 and min(n, d)")
+
+
 check_pca_project(pca_project)
 print("pca_project: visible test passed")
 

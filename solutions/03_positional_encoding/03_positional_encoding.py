@@ -194,6 +194,7 @@ def _sinusoid_reference(seq_len, d_model, layout="interleaved", exponent="2i", s
                 pe[pos, i], pe[pos, d_model // 2 + i] = first, second
     return pe.float()
 
+
 def check_sinusoidal_encoding(sinusoidal_encoding):
     got = sinusoidal_encoding(5, 6)
     course.expect_close(
@@ -209,6 +210,8 @@ def check_sinusoidal_encoding(sinusoidal_encoding):
         hint="row pos holds PE(pos); shape (seq_len, d_model)",
     )
     assert got.dtype == torch.float32, f"sinusoidal_encoding should return float32 by default, got {got.dtype}"
+
+
 check_sinusoidal_encoding(sinusoidal_encoding)
 print("sinusoidal_encoding: visible test passed")
 
@@ -320,6 +323,7 @@ def _shift_reference(k, d_model, transpose=False):
         matrix[2 * i:2 * i + 2, 2 * i:2 * i + 2] = block.T if transpose else block
     return matrix
 
+
 def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix):
     got = sinusoidal_shift_matrix(3, 6)
     if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
@@ -336,6 +340,8 @@ def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix):
     )
     table = _sinusoid_reference(12, 6)
     course.expect_close(table[2:9] @ got.T, table[5:12], "PE(pos + 3) = M_3 @ PE(pos), for pos = 2..8", atol=1e-4)
+
+
 check_sinusoidal_shift_matrix(sinusoidal_shift_matrix)
 print("sinusoidal_shift_matrix: visible test passed")
 
@@ -605,6 +611,7 @@ def _rope_leaves_x_alone(rope_fn):
         raise course.CheckFailed("apply_rope changed its argument x in place (x[...] = ... or copy_ on slices of x): "
                                  "build the result in a new tensor, for example with torch.cat or torch.stack")
 
+
 def check_apply_rope(apply_rope):
     _rope_leaves_x_alone(apply_rope)
     x, positions = _rope_case()
@@ -632,6 +639,8 @@ def check_apply_rope(apply_rope):
         "apply_rope(x, positions, theta=100.0)",
         mistakes={"theta is ignored (10000 written into the formula): the frequencies are theta**(-2i/d)": _rope_reference(x, positions)},
     )
+
+
 check_apply_rope(apply_rope)
 print("apply_rope: visible test passed")
 
@@ -830,6 +839,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 # %%
 #| test alibi_slopes_visible points=1
+
+
 def check_alibi_slopes(alibi_slopes):
     published_8 = torch.tensor([1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256])
     got = alibi_slopes(8)
@@ -852,6 +863,8 @@ def check_alibi_slopes(alibi_slopes):
             "sorted from steep to shallow: keep the paper's order (the 4-head slopes first)": expected_6.sort(descending=True).values,
         },
     )
+
+
 check_alibi_slopes(alibi_slopes)
 print("alibi_slopes: visible test passed")
 
@@ -941,6 +954,7 @@ def _alibi_reference(n_heads, q_len, k_len, sign=-1.0, offset=True, distance=lam
                 bias[h, i, j] = sign * slopes[h] * distance(query_position, j)
     return bias
 
+
 def check_alibi_bias(alibi_bias):
     course.expect_close(
         alibi_bias(2, 3, 5),
@@ -960,6 +974,8 @@ def check_alibi_bias(alibi_bias):
         },
         hint="shape (n_heads, q_len, k_len)",
     )
+
+
 check_alibi_bias(alibi_bias)
 print("alibi_bias: visible test passed")
 

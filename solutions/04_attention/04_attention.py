@@ -182,6 +182,8 @@ def check_softmax(softmax):
         got, torch.softmax(x, dim=0), "softmax(x, dim=0)",
         mistakes={"dim is ignored: the softmax always runs over the last dimension": torch.softmax(x, dim=-1)},
     )
+
+
 check_softmax(softmax)
 print("softmax: visible test passed")
 
@@ -505,6 +507,8 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention):
     course.expect_raises(ValueError, scaled_dot_product_attention, q, k, v, mask=torch.ones(5, 4, dtype=torch.bool),
                          what="scaled_dot_product_attention with a (5, 4) mask for 5 queries and 5 keys",
                          mistakes={"the mask's shape is not checked: call check_mask_shape(mask, scores.shape, 'mask')": RuntimeError})
+
+
 check_scaled_dot_product_attention(scaled_dot_product_attention)
 print("scaled_dot_product_attention: visible test passed")
 
@@ -967,6 +971,8 @@ def check_repeat_kv(repeat_kv):
     course.expect_close(repeat_kv(x, 1), x, "repeat_kv(x, n_rep=1) must return x unchanged")
     course.expect_raises(ValueError, repeat_kv, x, 0, what="repeat_kv(x, n_rep=0)",
                          hint="n_rep below 1 makes no sense (repeat_interleave(0) silently returns zero heads): raise ValueError")
+
+
 check_repeat_kv(repeat_kv)
 print("repeat_kv: visible test passed")
 

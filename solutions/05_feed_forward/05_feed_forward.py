@@ -178,6 +178,8 @@ def check_gelu(gelu):
         },
         hint="GELU(x) = 0.5 * x * (1 + erf(x / sqrt(2)))",
     )
+
+
 check_gelu(gelu)
 print("gelu: visible test passed")
 
@@ -241,6 +243,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 # %%
 #| test gelu_tanh_visible points=1
+
+
 def check_gelu_tanh(gelu_tanh):
     x = _gelu_case()
     course.expect_close(
@@ -254,6 +258,8 @@ def check_gelu_tanh(gelu_tanh):
         },
         hint="compute the constant as math.sqrt(2 / math.pi): typed by hand as 0.7979 it is off by 1e-5",
     )
+
+
 check_gelu_tanh(gelu_tanh)
 print("gelu_tanh: visible test passed")
 
@@ -536,6 +542,8 @@ def check_swiglu(swiglu):
         },
         hint="the output has the input's shape, (..., d_model)",
     )
+
+
 check_swiglu(swiglu)
 print("swiglu: visible test passed")
 
@@ -625,6 +633,8 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 
 # %%
 #| test swiglu_hidden_size_visible points=1
+
+
 def check_swiglu_hidden_size(swiglu_hidden_size):
     width = swiglu_hidden_size(4096)
     if type(width) is not int:
@@ -662,6 +672,8 @@ def check_swiglu_hidden_size(swiglu_hidden_size):
             "nothing truncated: LLaMA truncates after the 2/3 and again after the multiplier": 347,
         },
     )
+
+
 check_swiglu_hidden_size(swiglu_hidden_size)
 print("swiglu_hidden_size: visible test passed")
 
@@ -813,6 +825,8 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
 
 # %%
 #| test ffn_flops_visible points=1
+
+
 def check_ffn_flops(ffn_flops):
     count = ffn_flops(768, 3072)
     if type(count) is not int:
@@ -838,6 +852,8 @@ def check_ffn_flops(ffn_flops):
             "n_tokens ignored": 3 * 4 * 64 * 256,
         },
     )
+
+
 check_ffn_flops(ffn_flops)
 print("ffn_flops: visible test passed")
 

@@ -259,6 +259,8 @@ def check_layer_norm(layer_norm):
     )
     course.expect_close(layer_norm(x), F.layer_norm(x, (4,), eps=1e-5), "layer_norm(x) without weight and bias",
                         atol=1e-7, rtol=1e-6, hint="weight=None means scale 1, bias=None means shift 0")
+
+
 check_layer_norm(layer_norm)
 print("layer_norm: visible test passed")
 
@@ -441,6 +443,8 @@ def check_rms_norm(rms_norm):
             "weight ignored": x / torch.sqrt(_mean_square(x) + 1e-5),
         },
     )
+
+
 check_rms_norm(rms_norm)
 print("rms_norm: visible test passed")
 
@@ -730,6 +734,8 @@ def check_input_gradients(input_gradients):
                 **({} if residual else {"an identity was added: residual=False means plain layers": _chain(jacobians, g_out, True)}),
             },
         )
+
+
 check_input_gradients(input_gradients)
 print("input_gradients: visible test passed")
 
@@ -1230,6 +1236,8 @@ def check_transformer_block(TransformerBlock):
             course.expect_close(got, _block_variant(block, x, placement), f"TransformerBlock(norm_placement={placement!r})",
                                 atol=1e-5, mistakes=mistakes,
                                 hint=f"compare forward, line by line, with the {placement}-norm formula above the exercise")
+
+
 check_transformer_block(TransformerBlock)
 print("TransformerBlock: visible test passed")
 
