@@ -46,7 +46,8 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits of each row, set the others to -inf: (..., vocab) → (..., vocab).
 
     A logit equal to the k-th largest is kept too, so a tie at the boundary can keep more
-    than k tokens. k >= vocab keeps everything. k must be a positive int.
+    than k tokens. k >= vocab keeps everything. The result has the logits' dtype. ``ValueError``
+    unless k is a positive int.
     """
     _check_logits(logits)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -62,8 +63,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     whose probabilities sum to at least p; set the others to -inf. (..., vocab) → (..., vocab).
 
     Tokens are taken in order of decreasing probability; a token is kept when the tokens
-    before it hold less than p. The most likely token is always kept. p must be in (0, 1];
-    p = 1 keeps everything.
+    before it hold less than p. The most likely token is always kept. The result has the
+    logits' dtype. p = 1 keeps everything; ``ValueError`` unless p is in (0, 1].
     """
     _check_logits(logits)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:

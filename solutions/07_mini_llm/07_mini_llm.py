@@ -27,9 +27,12 @@
 #
 # **How the exercises work.** Each exercise has an answer cell (replace
 # `raise NotImplementedError()` with your code), a *visible test* that explains what is
-# wrong when it fails, and a *hidden test* that runs only when the notebook is graded. A
-# cell after the tests binds a new name to your function if it works, or to the course's
-# reference if it does not, so you can always read on.
+# wrong when it fails, and a *hidden test* that runs only when the notebook is graded.
+# Each exercise is graded on its own: where one builds on another, its tests use the
+# course's reference for the other. A cell after the tests binds a new name to your
+# function when it passes the visible test, or else to the course's reference, so you can
+# always read on; in a student bundle where that reference is not released yet, the cells
+# that need your answer wait for it and say so.
 
 # %%
 import math
@@ -726,65 +729,80 @@ def _nll_case():
     return logits, targets
 
 
-_logits, _targets = _nll_case()
-_expected = F.cross_entropy(_logits.reshape(-1, 4), _targets.reshape(-1), reduction="sum")
-course.expect_close(
-    summed_nll(_logits, _targets), _expected, "summed_nll on a (2, 3, 4) case with one padded target", atol=1e-5,
-    mistakes={
-        "the mean over tokens, not the sum": _expected / 5,
-        "the mean over all 6 positions, padding included": _expected / 6,
-        "the sign: a log-likelihood instead of a negative log-likelihood": -_expected,
-        "bits (log base 2) instead of nats": _expected / math.log(2),
-        "probabilities instead of log-probabilities": -torch.softmax(_logits, -1)[_targets != -100].gather(
-            -1, _targets[_targets != -100][:, None]).sum(),
-    },
-    hint="sum -log_softmax(logits)[target] over the positions whose target is not -100",
-)
-_big = torch.tensor([[0.0, -200.0, 5.0]])  # the target's probability is about e^-205: it underflows in float32
-course.expect_close(summed_nll(_big, torch.tensor([1])), torch.tensor(205.0067), "summed_nll with a very unlikely target",
-                    atol=1e-3, hint="got inf? torch.log(torch.softmax(...)) underflows to log(0); use torch.log_softmax")
+def check_summed_nll(summed_nll):
+    logits, targets = _nll_case()
+    expected = F.cross_entropy(logits.reshape(-1, 4), targets.reshape(-1), reduction="sum")
+    course.expect_close(
+        summed_nll(logits, targets), expected, "summed_nll on a (2, 3, 4) case with one padded target", atol=1e-5,
+        mistakes={
+            "the mean over tokens, not the sum": expected / 5,
+            "the mean over all 6 positions, padding included": expected / 6,
+            "the sign: a log-likelihood instead of a negative log-likelihood": -expected,
+            "bits (log base 2) instead of nats": expected / math.log(2),
+            "probabilities instead of log-probabilities": -torch.softmax(logits, -1)[targets != -100].gather(
+                -1, targets[targets != -100][:, None]).sum(),
+        },
+        hint="sum -log_softmax(logits)[target] over the positions whose target is not -100",
+    )
+    big = torch.tensor([[0.0, -200.0, 5.0]])  # the target's probability is about e^-205: it underflows in float32
+    course.expect_close(summed_nll(big, torch.tensor([1])), torch.tensor(205.0067), "summed_nll with a very unlikely target",
+                        atol=1e-3, hint="got inf? torch.log(torch.softmax(...)) underflows to log(0); use torch.log_softmax")
+    got = summed_nll(logits.double(), targets)
+    if not (isinstance(got, torch.Tensor) and got.dim() == 0 and got.dtype == torch.float64):
+        raise course.CheckFailed(f"summed_nll of float64 logits returned {course.describe(got)}: return a 0-dim tensor "
+                                 "in the logits' dtype (no .item(), no .float())")
+
+
+check_summed_nll(summed_nll)
 print("summed_nll: visible test passed")
 
 # %%
 #| test summed_nll_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(707)
 for shape, vocab, dtype in [((5,), 9, torch.float64), ((3, 4), 17, torch.float32), ((2, 3, 5), 50, torch.float64),
                             ((1, 1), 2, torch.float32)]:
-    logits = 4 * torch.randn(*shape, vocab, generator=g, dtype=dtype)
-    targets = torch.randint(0, vocab, shape, generator=g)
+    logits = 4 * torch.randn(*shape, vocab, dtype=dtype)
+    targets = torch.randint(0, vocab, shape)
     if targets.numel() > 2:
         targets.view(-1)[::3] = -100
     got = summed_nll(logits, targets)
+    assert isinstance(got, torch.Tensor) and got.dim() == 0 and got.dtype == dtype, \
+        f"summed_nll must return a 0-dim tensor in the logits' dtype ({dtype})"
     expected = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), reduction="sum", ignore_index=-100)
-    course.expect_close(torch.as_tensor(got).to(dtype), expected, f"summed_nll {shape} vocab {vocab} {dtype}",
-                        atol=1e-6, rtol=1e-6)
+    course.expect_close(got, expected, f"summed_nll {shape} vocab {vocab} {dtype}", atol=1e-6, rtol=1e-6)
 # uniform logits: every kept position costs ln V
 logits = torch.zeros(3, 7, 11, dtype=torch.float64)
-targets = torch.randint(0, 11, (3, 7), generator=g)
+targets = torch.randint(0, 11, (3, 7))
 targets[0] = -100
 course.expect_close(torch.as_tensor(summed_nll(logits, targets)).double(), torch.tensor(14 * math.log(11), dtype=torch.float64),
                     "summed_nll of uniform logits", atol=1e-9)
 # shift invariance and huge logits stay finite
-logits = 3 * torch.randn(4, 6, generator=g) + 1e4
+logits = 3 * torch.randn(4, 6) + 1e4
 targets = torch.tensor([0, 5, 2, 3])
 got = torch.as_tensor(summed_nll(logits, targets))
 assert torch.isfinite(got), "summed_nll must stay finite for logits near 1e4"
 course.expect_close(got.float(), F.cross_entropy(logits - 1e4, targets, reduction="sum"), "summed_nll near 1e4", atol=1e-2)
+# targets far below the best logit: their probabilities underflow to 0 (below e^-104 in float32, e^-745 in
+# float64), so log(softmax(...)) gives inf; log_softmax keeps them exact
+for offset, dtype in [(300.0, torch.float32), (1000.0, torch.float64)]:
+    logits = torch.randn(6, 10, dtype=dtype)
+    logits[:, 0] += offset
+    targets = torch.randint(1, 10, (6,))
+    got = summed_nll(logits, targets)
+    assert isinstance(got, torch.Tensor) and torch.isfinite(got), f"summed_nll must stay finite for {dtype} targets far below the best logit"
+    course.expect_close(got, F.cross_entropy(logits, targets, reduction="sum"),
+                        f"summed_nll of {dtype} targets about {offset:g} below the best logit", atol=1e-3, rtol=1e-6)
 # everything padded: nothing to predict
-course.expect_close(torch.as_tensor(summed_nll(torch.randn(2, 3, generator=g), torch.tensor([-100, -100]))).float(),
-                    torch.tensor(0.0), "summed_nll with every target padded")
+got = summed_nll(torch.randn(2, 3), torch.tensor([-100, -100]))
+assert isinstance(got, torch.Tensor) and got.dim() == 0, "summed_nll must return a 0-dim tensor when every target is padded"
+course.expect_close(got, torch.tensor(0.0), "summed_nll with every target padded")
 ### END HIDDEN TESTS
 
 # %%
 from minillm import train as reference_train
 
-nll_sum = course.keep_going(
-    "summed_nll", summed_nll, reference_train.summed_nll,
-    check=lambda f: course.expect_close(f(*_nll_case()), F.cross_entropy(
-        _nll_case()[0].reshape(-1, 4), _nll_case()[1].reshape(-1), reduction="sum"), "summed_nll", atol=1e-5),
-)
+nll_sum = course.keep_going("summed_nll", summed_nll, reference_train.summed_nll, check_summed_nll)
 
 # %% [markdown]
 # The validation text is cut into non-overlapping windows of the context length; each
@@ -987,24 +1005,28 @@ def _schedule_case():
     return (1.0, 4, 12, 0.1), expected
 
 
-_args, _expected = _schedule_case()
-_got = [lr_schedule(s, _args[0], _args[1], _args[2], _args[3]) for s in range(15)]
-course.expect_close(
-    torch.tensor(_got, dtype=torch.float64), torch.tensor(_expected, dtype=torch.float64),
-    "lr_schedule at steps 0..14 (max 1.0, min 0.1, warmup 4, total 12)", atol=1e-6,
-    mistakes={
-        "warmup starts at 0: use (step + 1) / warmup_steps, so the first step already moves":
-            torch.tensor([0.0, 0.25, 0.5, 0.75] + _expected[4:], dtype=torch.float64),
-        "the cosine decays to 0 instead of min_lr": torch.tensor(
-            _expected[:4] + [0.5 * (1 + math.cos(math.pi * min(s - 4, 8) / 8)) for s in range(4, 15)], dtype=torch.float64),
-        "the cosine's progress counts from step 0, not from the end of warmup": torch.tensor(
-            _expected[:4] + [0.1 + 0.45 * (1 + math.cos(math.pi * s / 12)) if s <= 12 else 0.1 for s in range(4, 15)],
-            dtype=torch.float64),
-        "a linear decay instead of a cosine": torch.tensor(
-            _expected[:4] + [1.0 - 0.9 * min(s - 4, 8) / 8 for s in range(4, 15)], dtype=torch.float64),
-    },
-    hint="warmup: max_lr * (step + 1) / warmup_steps; then min_lr + (max_lr - min_lr) * (1 + cos(pi t)) / 2",
-)
+def check_lr_schedule(lr_schedule):
+    args, expected = _schedule_case()
+    got = [lr_schedule(s, args[0], args[1], args[2], args[3]) for s in range(15)]
+    course.expect_close(
+        torch.tensor(got, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
+        "lr_schedule at steps 0..14 (max 1.0, min 0.1, warmup 4, total 12)", atol=1e-6,
+        mistakes={
+            "warmup starts at 0: use (step + 1) / warmup_steps, so the first step already moves":
+                torch.tensor([0.0, 0.25, 0.5, 0.75] + expected[4:], dtype=torch.float64),
+            "the cosine decays to 0 instead of min_lr": torch.tensor(
+                expected[:4] + [0.5 * (1 + math.cos(math.pi * min(s - 4, 8) / 8)) for s in range(4, 15)], dtype=torch.float64),
+            "the cosine's progress counts from step 0, not from the end of warmup": torch.tensor(
+                expected[:4] + [0.1 + 0.45 * (1 + math.cos(math.pi * s / 12)) if s <= 12 else 0.1 for s in range(4, 15)],
+                dtype=torch.float64),
+            "a linear decay instead of a cosine": torch.tensor(
+                expected[:4] + [1.0 - 0.9 * min(s - 4, 8) / 8 for s in range(4, 15)], dtype=torch.float64),
+        },
+        hint="warmup: max_lr * (step + 1) / warmup_steps; then min_lr + (max_lr - min_lr) * (1 + cos(pi t)) / 2",
+    )
+
+
+check_lr_schedule(lr_schedule)
 print("lr_schedule: visible test passed")
 
 # %%
@@ -1039,11 +1061,7 @@ assert all(a >= b for a, b in zip(decay, decay[1:])), "lr_schedule: the learning
 ### END HIDDEN TESTS
 
 # %%
-schedule = course.keep_going(
-    "lr_schedule", lr_schedule, reference_train.lr_schedule,
-    check=lambda f: course.expect_close(torch.tensor([f(s, 1.0, 4, 12, 0.1) for s in range(15)], dtype=torch.float64),
-                                        torch.tensor(_schedule_case()[1], dtype=torch.float64), "lr_schedule", atol=1e-6),
-)
+schedule = course.keep_going("lr_schedule", lr_schedule, reference_train.lr_schedule, check_lr_schedule)
 
 # %%
 from minillm.recipe import DEFAULT_RECIPE, recipe_train_config
@@ -1822,7 +1840,8 @@ plt.show()
 # Implement `top_k_filter(logits, k)`: keep the `k` largest logits of each row (the last
 # axis) unchanged and set all others to `-inf`. If several logits equal the $k$-th largest,
 # keep them all (so a tie can keep more than $k$). `k` at least the vocabulary size keeps
-# everything. Work on any number of leading dimensions.
+# everything. Work on any number of leading dimensions, and return the logits' dtype. A `k`
+# that is not a positive int is a `ValueError`.
 #
 # Difficulty ●○○ · Importance ●●○ · about 10 minutes
 #
@@ -1837,7 +1856,8 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits of each row, set the others to -inf: (..., vocab) → (..., vocab).
 
     A logit equal to the k-th largest is kept too, so a tie at the boundary can keep more
-    than k tokens. k >= vocab keeps everything. k must be a positive int.
+    than k tokens. k >= vocab keeps everything. The result has the logits' dtype. ``ValueError``
+    unless k is a positive int.
     """
     ### BEGIN SOLUTION
     _check_logits(logits)
@@ -1856,68 +1876,71 @@ def _top_k_case():
     return torch.tensor([[1.0, 3.0, -0.5, 2.0, 0.0], [0.2, -1.0, 0.7, 0.1, 1.5], [0.0, 1.0, -1.0, 1.0, 2.0]]), 2
 
 
-_logits, _k = _top_k_case()
-_input = _logits.clone()
-_got = top_k_filter(_input, _k)
-if not torch.equal(_input, _logits):
-    raise course.CheckFailed("top_k_filter(logits, k=2): the filter modified its input. Return a new tensor "
-                             "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
-_inf = float("-inf")
-_expected = torch.tensor([[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5], [_inf, 1.0, _inf, 1.0, 2.0]])
-_smallest = _logits.masked_fill(_logits > torch.topk(_logits, 2, largest=False).values[..., -1:], _inf)
-_exactly_k = torch.zeros_like(_logits, dtype=torch.bool).scatter(-1, torch.topk(_logits, 2).indices, True)
-course.expect_close(
-    _got, _expected, "top_k_filter(logits, k=2)",
-    mistakes={
-        "kept the k smallest logits instead of the k largest": _smallest,
-        "kept k + 1 tokens (off by one)": _logits.masked_fill(_logits < torch.topk(_logits, 3).values[..., -1:], _inf),
-        "the removed logits are 0, not -inf (a softmax still gives them probability)": _expected.masked_fill(
-            _expected == _inf, 0.0),
-        "the removed logits are -1e9, not -inf: use float('-inf'), which a softmax turns into exactly 0 "
-        "whatever the other logits are": _expected.masked_fill(_expected == _inf, -1e9),
-        "exactly k tokens kept in the tied row (scattering topk's indices): keep every logit equal to the k-th "
-        "largest": _logits.masked_fill(~_exactly_k, _inf),
-        "returned probabilities, not logits": torch.softmax(_expected, dim=-1),
-        "only the single largest logit kept": _logits.masked_fill(_logits < _logits.amax(-1, keepdim=True), _inf),
-    },
-    hint="the k-th largest value of each row is torch.topk(logits, k).values[..., -1:]; mask what lies below it",
-)
-course.expect_close(top_k_filter(_logits.clone(), 5), _logits, "top_k_filter with k equal to the vocabulary size")
+def check_top_k_filter(top_k_filter):
+    logits, k = _top_k_case()
+    given = logits.clone()
+    got = top_k_filter(given, k)
+    if not torch.equal(given, logits):
+        raise course.CheckFailed("top_k_filter(logits, k=2): the filter modified its input. Return a new tensor "
+                                 "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
+    inf = float("-inf")
+    expected = torch.tensor([[inf, 3.0, inf, 2.0, inf], [inf, inf, 0.7, inf, 1.5], [inf, 1.0, inf, 1.0, 2.0]])
+    smallest = logits.masked_fill(logits > torch.topk(logits, 2, largest=False).values[..., -1:], inf)
+    exactly_k = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, torch.topk(logits, 2).indices, True)
+    course.expect_close(
+        got, expected, "top_k_filter(logits, k=2)",
+        mistakes={
+            "kept the k smallest logits instead of the k largest": smallest,
+            "kept k + 1 tokens (off by one)": logits.masked_fill(logits < torch.topk(logits, 3).values[..., -1:], inf),
+            "the removed logits are 0, not -inf (a softmax still gives them probability)": expected.masked_fill(
+                expected == inf, 0.0),
+            "the removed logits are -1e9, not -inf: use float('-inf'), which a softmax turns into exactly 0 "
+            "whatever the other logits are": expected.masked_fill(expected == inf, -1e9),
+            "exactly k tokens kept in the tied row (scattering topk's indices): keep every logit equal to the k-th "
+            "largest": logits.masked_fill(~exactly_k, inf),
+            "returned probabilities, not logits": torch.softmax(expected, dim=-1),
+            "only the single largest logit kept": logits.masked_fill(logits < logits.amax(-1, keepdim=True), inf),
+        },
+        hint="the k-th largest value of each row is torch.topk(logits, k).values[..., -1:]; mask what lies below it",
+    )
+    course.expect_close(top_k_filter(logits.clone(), 5), logits, "top_k_filter with k equal to the vocabulary size")
+    course.expect_raises(ValueError, top_k_filter, logits.clone(), 0, what="top_k_filter(logits, k=0)",
+                         hint="k must be a positive int: check it and raise ValueError")
+
+
+check_top_k_filter(top_k_filter)
 print("top_k_filter: visible test passed")
 
 # %%
 #| test top_k_filter_hidden points=2
 # Hidden tests: they run when your notebook is graded.
 ### BEGIN HIDDEN TESTS
-g = torch.Generator().manual_seed(3071)
 for shape, k, dtype in [((4, 13), 3, torch.float32), ((2, 3, 29), 7, torch.float64), ((1, 6), 1, torch.float32),
                         ((5, 8), 8, torch.float64), ((3, 4), 100, torch.float32)]:
-    logits = 3 * torch.randn(*shape, generator=g, dtype=dtype)
+    logits = 3 * torch.randn(*shape, dtype=dtype)
     before = logits.clone()
     got = top_k_filter(logits, k)
     assert torch.equal(logits, before), "the filter modified its input"
     kth = torch.topk(logits, min(k, shape[-1]), dim=-1).values[..., -1:]
     expected = logits.masked_fill(logits < kth, float("-inf"))
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_k_filter must keep the shape {shape}"
+    assert got.dtype == dtype, f"top_k_filter must keep the logits' dtype {dtype}"
     assert torch.equal(torch.isinf(got), torch.isinf(expected)), f"top_k_filter {shape} k={k}: wrong tokens kept"
     assert torch.equal(got[~torch.isinf(got)], logits[~torch.isinf(expected)]), "kept logits must be unchanged"
     assert bool((torch.isfinite(got).sum(-1) == min(k, shape[-1])).all()), "without ties exactly k tokens are kept"
 # k = 1 keeps the argmax alone
-logits = torch.randn(6, 40, generator=g)
+logits = torch.randn(6, 40)
 assert torch.equal(torch.isfinite(top_k_filter(logits, 1)), torch.nn.functional.one_hot(logits.argmax(-1), 40).bool())
 # ties at the boundary are kept, the input is left alone
 tied = torch.tensor([[0.5, 2.0, 0.5, -1.0, 0.5]])
 assert torch.isfinite(top_k_filter(tied, 2)).tolist() == [[True, True, True, False, True]], "ties with the k-th are kept"
 assert torch.equal(tied, torch.tensor([[0.5, 2.0, 0.5, -1.0, 0.5]])), "the filter modified its input"
+for bad in (0, -3, 2.5):
+    course.expect_raises(ValueError, top_k_filter, tied, bad, what=f"top_k_filter with k={bad}")
 ### END HIDDEN TESTS
 
 # %%
-_inf = float("-inf")
-top_k = course.keep_going(
-    "top_k_filter", top_k_filter, reference_sampling.top_k_filter,
-    check=lambda f: course.expect_close(f(*_top_k_case()), torch.tensor(
-        [[_inf, 3.0, _inf, 2.0, _inf], [_inf, _inf, 0.7, _inf, 1.5], [_inf, 1.0, _inf, 1.0, 2.0]]), "top_k_filter"),
-)
+top_k = course.keep_going("top_k_filter", top_k_filter, reference_sampling.top_k_filter, check_top_k_filter)
 
 # %% [markdown]
 # ### Exercise 4 · The top-p (nucleus) filter
@@ -1930,7 +1953,8 @@ top_k = course.keep_going(
 #
 # That keeps the smallest prefix whose mass reaches $p$ (the token that crosses $p$ is
 # kept; the next is not), and always the most likely token. Set the others to `-inf`, in
-# the original (unsorted) positions. `p = 1` keeps everything.
+# the original (unsorted) positions, in the logits' dtype. `p = 1` keeps everything; a `p`
+# outside $(0, 1]$ is a `ValueError`.
 #
 # Difficulty ●●○ · Importance ●●● · about 20 minutes
 #
@@ -1946,8 +1970,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     whose probabilities sum to at least p; set the others to -inf. (..., vocab) → (..., vocab).
 
     Tokens are taken in order of decreasing probability; a token is kept when the tokens
-    before it hold less than p. The most likely token is always kept. p must be in (0, 1];
-    p = 1 keeps everything.
+    before it hold less than p. The most likely token is always kept. The result has the
+    logits' dtype. p = 1 keeps everything; ``ValueError`` unless p is in (0, 1].
     """
     ### BEGIN SOLUTION
     _check_logits(logits)
@@ -1970,34 +1994,40 @@ def _top_p_case():
     return torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.4, 0.1, 0.15, 0.35]]))
 
 
-_logits = _top_p_case()
-_input = _logits.clone()
-_got = top_p_filter(_input, 0.7)
-if not torch.equal(_input, _logits):
-    raise course.CheckFailed("top_p_filter(logits, p=0.7): the filter modified its input. Return a new tensor "
-                             "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
-_inf = float("-inf")
-_keep = lambda rows: _logits.masked_fill(~torch.tensor(rows), _inf)  # noqa: E731
-course.expect_close(
-    _got, _keep([[False, True, False, True], [True, False, False, True]]), "top_p_filter(p=0.7)",
-    atol=1e-6,
-    mistakes={
-        "the token that crosses p was dropped (keep a token when the mass BEFORE it is below p)":
-            _keep([[False, True, False, False], [True, False, False, False]]),
-        "nothing was removed: sorted in increasing order, or compared the wrong quantity with p?": _logits,
-        "the result is in sorted order: scatter the decision back to the original positions": torch.sort(
-            _logits, descending=True).values.masked_fill(torch.tensor([[False, False, True, True]] * 2), _inf),
-        "the removed logits are 0, not -inf": _logits.masked_fill(torch.tensor([[True, False, True, False],
-                                                                                [False, True, True, False]]), 0.0),
-        "the removed logits are -1e9, not -inf: use float('-inf')": _logits.masked_fill(
-            torch.tensor([[True, False, True, False], [False, True, True, False]]), -1e9),
-    },
-    hint="sort descending, mass_before = cumsum - probs, remove where mass_before >= p, scatter back",
-)
-course.expect_close(top_p_filter(_logits.clone(), 0.85), _keep([[False, True, True, True], [True, False, True, True]]),
-                    "top_p_filter(p=0.85)", atol=1e-6)
-course.expect_close(top_p_filter(_logits.clone(), 1e-3), _keep([[False, True, False, False], [True, False, False, False]]),
-                    "top_p_filter with a tiny p: only the most likely token", atol=1e-6)
+def check_top_p_filter(top_p_filter):
+    logits = _top_p_case()
+    given = logits.clone()
+    got = top_p_filter(given, 0.7)
+    if not torch.equal(given, logits):
+        raise course.CheckFailed("top_p_filter(logits, p=0.7): the filter modified its input. Return a new tensor "
+                                 "(masked_fill, not logits[...] = ...): the caller's logits must stay as they were")
+    inf = float("-inf")
+    keep = lambda rows: logits.masked_fill(~torch.tensor(rows), inf)  # noqa: E731
+    course.expect_close(
+        got, keep([[False, True, False, True], [True, False, False, True]]), "top_p_filter(p=0.7)",
+        atol=1e-6,
+        mistakes={
+            "the token that crosses p was dropped (keep a token when the mass BEFORE it is below p)":
+                keep([[False, True, False, False], [True, False, False, False]]),
+            "nothing was removed: sorted in increasing order, or compared the wrong quantity with p?": logits,
+            "the result is in sorted order: scatter the decision back to the original positions": torch.sort(
+                logits, descending=True).values.masked_fill(torch.tensor([[False, False, True, True]] * 2), inf),
+            "the removed logits are 0, not -inf": logits.masked_fill(torch.tensor([[True, False, True, False],
+                                                                                    [False, True, True, False]]), 0.0),
+            "the removed logits are -1e9, not -inf: use float('-inf')": logits.masked_fill(
+                torch.tensor([[True, False, True, False], [False, True, True, False]]), -1e9),
+        },
+        hint="sort descending, mass_before = cumsum - probs, remove where mass_before >= p, scatter back",
+    )
+    course.expect_close(top_p_filter(logits.clone(), 0.85), keep([[False, True, True, True], [True, False, True, True]]),
+                        "top_p_filter(p=0.85)", atol=1e-6)
+    course.expect_close(top_p_filter(logits.clone(), 1e-3), keep([[False, True, False, False], [True, False, False, False]]),
+                        "top_p_filter with a tiny p: only the most likely token", atol=1e-6)
+    course.expect_raises(ValueError, top_p_filter, logits.clone(), 0.0, what="top_p_filter(logits, p=0.0)",
+                         hint="p must be in (0, 1]: check it and raise ValueError")
+
+
+check_top_p_filter(top_p_filter)
 print("top_p_filter: visible test passed")
 
 # %%
@@ -2014,14 +2044,14 @@ def _naive_nucleus(row, p):
     return keep
 
 
-g = torch.Generator().manual_seed(9090)
 for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.float64), ((3, 9), 0.2, torch.float64),
                         ((4, 50), 0.97, torch.float32)]:
-    logits = 2.5 * torch.randn(*shape, generator=g, dtype=dtype)
+    logits = 2.5 * torch.randn(*shape, dtype=dtype)
     before = logits.clone()
     got = top_p_filter(logits, p)
     assert torch.equal(logits, before), "the filter modified its input"
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_p_filter must keep the shape {shape}"
+    assert got.dtype == dtype, f"top_p_filter must keep the logits' dtype {dtype}"
     for row, out in zip(logits.reshape(-1, shape[-1]), got.reshape(-1, shape[-1])):
         kept = torch.isfinite(out)
         assert kept.tolist() == _naive_nucleus(row, p), f"top_p_filter {shape} p={p}: wrong tokens kept"
@@ -2029,7 +2059,7 @@ for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.f
         probs = torch.softmax(row.double(), -1)
         assert probs[kept].sum() >= p - 1e-9 and probs[kept].sum() - probs[kept].min() < p, "not the smallest nucleus"
 # p = 1 keeps everything; the most likely token survives any p
-logits = torch.randn(5, 12, generator=g)
+logits = torch.randn(5, 12)
 before = logits.clone()
 assert torch.equal(top_p_filter(logits, 1.0), logits)
 assert torch.equal(torch.isfinite(top_p_filter(logits, 1e-6)), torch.nn.functional.one_hot(logits.argmax(-1), 12).bool())
@@ -2037,14 +2067,12 @@ assert torch.equal(logits, before), "the filter modified its input"
 # a confident row keeps one token, a flat row keeps many
 rows = torch.tensor([[10.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.1, 0.0, 0.05, 0.0, 0.1, 0.02]])
 assert torch.isfinite(top_p_filter(rows, 0.9)).sum(-1).tolist() == [1, 6]
+for bad in (0.0, -0.2, 1.5):
+    course.expect_raises(ValueError, top_p_filter, rows, bad, what=f"top_p_filter with p={bad}")
 ### END HIDDEN TESTS
 
 # %%
-top_p = course.keep_going(
-    "top_p_filter", top_p_filter, reference_sampling.top_p_filter,
-    check=lambda f: course.expect_close(f(_top_p_case(), 0.7), _top_p_case().masked_fill(
-        ~torch.tensor([[False, True, False, True], [True, False, False, True]]), float("-inf")), "top_p_filter", atol=1e-6),
-)
+top_p = course.keep_going("top_p_filter", top_p_filter, reference_sampling.top_p_filter, check_top_p_filter)
 
 # %% [markdown]
 # `sample_next` chains the pieces: check the arguments, treat temperature 0 as greedy,
@@ -2053,6 +2081,8 @@ top_p = course.keep_going(
 
 # %%
 #| export minillm/sampling.py
+
+
 def check_sampling_arguments(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
     """``ValueError`` naming the argument unless temperature >= 0, top_k is None or a
     positive int, and top_p is None or in (0, 1]."""
