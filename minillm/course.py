@@ -7,8 +7,8 @@
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
-- ``keep_going``: after an exercise, binds a new name to the learner's function when a
-  quick check passes, else to the package's reference, and says which. In a student
+- ``keep_going``: after an exercise, binds a new name to the learner's function when it
+  passes the visible test's checks, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
   the stub's place in the package.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import textwrap
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
@@ -110,7 +111,15 @@ def plot_history(history: Mapping, title: str = "Training the mini-LLM"):
 
 
 class CheckFailed(AssertionError):
-    """A visible test found a mistake; the message says which."""
+    """A test found a mistake; the message says which.
+
+    ``summary`` says the same without any value (the check's name and the kind of
+    mistake): all that a hidden test shows, since its inputs stay hidden.
+    """
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 def describe(value) -> str:
@@ -155,22 +164,24 @@ def expect_close(
     produce; when ``got`` matches one, the message names it.
     """
     if not isinstance(got, torch.Tensor):
-        raise CheckFailed(f"{name}: expected a tensor, got {describe(got)}")
+        raise CheckFailed(f"{name}: expected a tensor, got {describe(got)}", f"{name}: not a tensor")
     if got.shape != expected.shape:
         raise CheckFailed(
             f"{name}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-            + (f". Hint: {hint}" if hint else "")
+            + (f". Hint: {hint}" if hint else ""), f"{name}: wrong shape"
         )
     if close(got, expected, atol, rtol):
         return
     for mistake, wrong in (mistakes or {}).items():
         if wrong.shape == expected.shape and close(got, wrong, atol, rtol):
-            raise CheckFailed(f"{name}: your result matches a known mistake: {mistake}")
+            message = f"{name}: your result matches a known mistake: {mistake}"
+            raise CheckFailed(message, message)
     got = got.detach().to(expected.dtype)
     message = f"{name}: values differ; " + (
         "got NaN or inf" if not torch.isfinite(got).all() else _first_mismatch(got, expected, atol, rtol)
     )
-    raise CheckFailed(message + (f". Hint: {hint}" if hint else ""))
+    raise CheckFailed(message + (f". Hint: {hint}" if hint else ""),
+                      f"{name}: " + ("NaN or inf" if message.endswith("got NaN or inf") else "values differ"))
 
 
 def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | None = None, hint: str | None = None) -> None:
@@ -182,9 +193,11 @@ def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | N
         return
     for mistake, wrong in (mistakes or {}).items():
         if got == wrong:
-            raise CheckFailed(f"{name}: expected {expected!r}, got {got!r}, which matches a known mistake: {mistake}")
+            raise CheckFailed(f"{name}: expected {expected!r}, got {got!r}, which matches a known mistake: {mistake}",
+                              f"{name}: your result matches a known mistake: {mistake}")
     raise CheckFailed(
-        f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else "")
+        f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else ""),
+        f"{name}: " + ("values differ" if type(got) is type(expected) else f"expected a {type(expected).__name__}")
     )
 
 
@@ -216,6 +229,9 @@ def expect_raises(
     def label() -> str:  # built only on failure: naming a grader's proxy of the call may cost a round trip
         return what or _call_text(call, args, kwargs)
 
+    def brief() -> str:  # the label without the arguments' values
+        return what or str(getattr(call, "__name__", None) or "the call")[:60]
+
     wanted = error if isinstance(error, tuple) else (error,)
     expected = " or ".join(e.__name__ for e in wanted)
     suffix = f". Hint: {hint}" if hint else ""
@@ -225,7 +241,8 @@ def expect_raises(
         if match is not None and match not in str(raised):
             raise CheckFailed(
                 f"{label()} raised {type(raised).__name__} as it should, but its message does not name "
-                f"{match!r}: {str(raised)[:200]}" + suffix
+                f"{match!r}: {str(raised)[:200]}" + suffix,
+                f"{brief()} raised {type(raised).__name__} as it should, but its message does not name {match!r}"
             ) from raised
         return
     except Exception as other:
@@ -233,10 +250,13 @@ def expect_raises(
             if isinstance(other, kind):
                 raise CheckFailed(
                     f"{label()} must raise {expected}, got {type(other).__name__} ({str(other)[:80]}), "
-                    f"which matches a known mistake: {mistake}" + suffix
+                    f"which matches a known mistake: {mistake}" + suffix,
+                    f"{brief()} must raise {expected}, got {type(other).__name__}, which matches a known mistake: "
+                    f"{mistake}"
                 ) from other
         raise
-    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix)
+    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix,
+                      f"{brief()} must raise {expected}, but it returned a value")
 
 
 LEARNER_EXERCISES = "__learner_exercises__"
@@ -317,7 +337,7 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
-        reason = f"{type(error).__name__}: {str(error)[:80]}"
+        reason = textwrap.shorten(f"{type(error).__name__}: {error}", width=100, placeholder=" ...")
         if module:
             print(f"{name}: not working yet ({reason}); this installation has no reference "
                   f"for it, so the cells that use it wait for your answer")
