@@ -7,12 +7,13 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
 	@echo "make instructor-lab  JupyterLab with nbgrader's instructor tools: make instructor-lab LAB_DIR=graded/nbgrader"
 	@echo "make test      run the whole test suite (as CI does)"
+	@echo "make test-install  check the installs of a fresh machine (the Colab set-up cell; several minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
@@ -71,6 +72,11 @@ instructor-lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
+
+# The installs a fresh machine makes: the Colab set-up cell in a new runtime that keeps its
+# own torch (several minutes; not part of `make test`).
+test-install: $(STAMP)
+	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist tests/test_colab.py $(PYTEST_ARGS)
 
 # The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so two runs
 # of the same code with the same torch version give the same weights. Prints the validation loss

@@ -70,8 +70,8 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> lis
         source = chapter.plan_source(index)
         fact = analysis.facts(source)
         leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
-        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test, "source": source,
-                      "early": leading})
+        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
+                      "hidden": cell.kind == "hidden", "source": source, "early": leading})
     return cells
 
 

@@ -41,12 +41,13 @@ class StudentError(Exception):
 _exception_types: dict[str, type] = {}
 
 
-def student_exception(name: str, message: str) -> StudentError:
+def student_exception(name: str, message: str, summary: str | None = None) -> StudentError:
     """An exception that is a ``StudentError`` and, for built-in types, that type too.
 
     A check that expects ``ValueError`` from the learner's code still catches it; any
     other type becomes a plain ``StudentError``. Nothing is rebuilt from the learner's
-    own classes.
+    own classes. ``summary`` is what a hidden check may show of it: no message of the
+    learner's, so no argument that the message could echo.
     """
     base = getattr(builtins, name, None)
     if not (isinstance(base, type) and issubclass(base, Exception)) or issubclass(base, StudentError):
@@ -57,7 +58,9 @@ def student_exception(name: str, message: str) -> StudentError:
             _exception_types[name] = type(name if base is not None else "StudentError", bases, {})
         except TypeError:  # layout conflicts (e.g. OSError subclasses): keep StudentError
             _exception_types[name] = type("StudentError", (StudentError,), {})
-    return _exception_types[name](message)
+    error = _exception_types[name](message)
+    error.summary = summary
+    return error
 
 
 class Unavailable(StudentError):
@@ -301,10 +304,11 @@ class Remote:
             frame = frames[-1]
             where = f" (in {str(frame.get('name'))[:80]}, line {frame.get('line')}: {str(frame.get('code'))[:200]})"
         if name == "InPlaceModification":
-            raise student_exception(name, f"your {label}: {message}")
+            raise student_exception(name, f"your {label}: {message}", f"your {label} changed its argument in place")
         if name == "NotImplementedError":
-            raise student_exception(name, f"{label} is not implemented yet (it raises NotImplementedError)")
-        raise student_exception(name, f"your {label} raised {name}: {message}{where}")
+            message = f"{label} is not implemented yet (it raises NotImplementedError)"
+            raise student_exception(name, message, message)
+        raise student_exception(name, f"your {label} raised {name}: {message}{where}", f"your {label} raised {name}")
 
 
 # --------------------------------------------------------------------- proxies
@@ -450,6 +454,39 @@ class Unreachable(Missing):
 
 
 # --------------------------------------------------------------------- running cells
+def hidden_reason(error: BaseException, source: str) -> str:
+    """What the learner sees of a failed hidden check: its kind, never a value.
+
+    A hidden check's inputs stay hidden, so its message cannot carry them: a diagnosis of
+    the course's checks gives its value-free summary, the learner's own exception only its
+    type (its message may quote the arguments it was called with), and an ``assert`` only a
+    message that the check's source spells out as a constant, not one formatted from values.
+    """
+    summary = getattr(error, "summary", None)
+    if isinstance(summary, str) and summary:
+        return summary
+    if isinstance(error, (Unavailable, CheckTimeout)):
+        return str(error)
+    if isinstance(error, StudentError):
+        return "your code failed in a way the check could not read"
+    if isinstance(error, AssertionError):
+        message = str(error)
+        if message and message in _constant_strings(source):
+            return message
+        return "a hidden check found a wrong value or a property that does not hold"
+    return f"{type(error).__name__} while checking what your code returned"
+
+
+def _constant_strings(source: str) -> set[str]:
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
 def _seed(seed: int) -> None:
     random.seed(seed)
     try:
@@ -533,7 +570,7 @@ def run_cell(shell, plan: dict, position: int, calls, remote: "Remote | None" = 
                                       f" ran past the time budget of {budget:g} s ({waited:.1f} s in your code)")
     if error is not None:
         verdict["ename"] = type(error).__name__
-        verdict["evalue"] = str(error)[:MAX_TEXT]
+        verdict["evalue"] = (hidden_reason(error, cell["source"]) if cell.get("hidden") else str(error))[:MAX_TEXT]
         verdict["student"] = isinstance(error, StudentError)
         verdict["unavailable"] = isinstance(error, Unavailable)
     return verdict

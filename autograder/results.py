@@ -62,6 +62,8 @@ def _reason(verdict: dict | None, execution) -> str:
     name, value = verdict.get("ename", "Error"), str(verdict.get("evalue", ""))
     if name == "NotImplementedError" or "is not implemented yet" in value:
         return f"not answered yet: {value}"[:MAX_MESSAGE]
+    if verdict.get("student"):  # the message already says "your f raised ValueError: ..."
+        return value[:MAX_MESSAGE]
     return f"{name}: {value}"[:MAX_MESSAGE]
 
 

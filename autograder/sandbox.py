@@ -505,6 +505,9 @@ class Sandbox:
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONNOUSERSITE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            # The learner's kernel imports the very minillm the grader bound into the sandbox,
+            # however the course was installed (a clone, a student bundle, PYTHONPATH).
+            "PYTHONPATH": str(Path(_package_paths()[0]).parent),
         }
         self._seed_matplotlib_cache()
 

@@ -21,7 +21,7 @@ import nbformat
 
 from autograder import marks
 
-from . import paths
+from . import colab, paths
 
 DIRECTIVE = re.compile(r"^#\|\s*(\w+)\s*(.*)$")
 GRADE_ID = re.compile(r"^[a-z0-9_]+$")
@@ -116,6 +116,10 @@ def build_notebook(slug: str) -> nbformat.NotebookNode:
         cell.id = grade_id or f"c{index:03d}"
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    first_code = next(i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code")
+    setup = nbformat.v4.new_code_cell(colab.cell_source())
+    setup.id = "colab-setup"
+    notebook.cells.insert(first_code, setup)
     notebook.metadata = nbformat.from_dict(
         {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     )

@@ -7,17 +7,21 @@
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
-- ``keep_going``: after an exercise, binds a new name to the learner's function when a
-  quick check passes, else to the package's reference, and says which. In a student
+- ``keep_going``: after an exercise, binds a new name to the learner's function when it
+  passes the visible test's checks, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
   the stub's place in the package.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import random
 import sys
+import textwrap
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -110,7 +114,15 @@ def plot_history(history: Mapping, title: str = "Training the mini-LLM"):
 
 
 class CheckFailed(AssertionError):
-    """A visible test found a mistake; the message says which."""
+    """A test found a mistake; the message says which.
+
+    ``summary`` says the same without any value (the check's name and the kind of
+    mistake): all that a hidden test shows, since its inputs stay hidden.
+    """
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 def describe(value) -> str:
@@ -155,22 +167,24 @@ def expect_close(
     produce; when ``got`` matches one, the message names it.
     """
     if not isinstance(got, torch.Tensor):
-        raise CheckFailed(f"{name}: expected a tensor, got {describe(got)}")
+        raise CheckFailed(f"{name}: expected a tensor, got {describe(got)}", f"{name}: not a tensor")
     if got.shape != expected.shape:
         raise CheckFailed(
             f"{name}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-            + (f". Hint: {hint}" if hint else "")
+            + (f". Hint: {hint}" if hint else ""), f"{name}: wrong shape"
         )
     if close(got, expected, atol, rtol):
         return
     for mistake, wrong in (mistakes or {}).items():
         if wrong.shape == expected.shape and close(got, wrong, atol, rtol):
-            raise CheckFailed(f"{name}: your result matches a known mistake: {mistake}")
+            message = f"{name}: your result matches a known mistake: {mistake}"
+            raise CheckFailed(message, message)
     got = got.detach().to(expected.dtype)
     message = f"{name}: values differ; " + (
         "got NaN or inf" if not torch.isfinite(got).all() else _first_mismatch(got, expected, atol, rtol)
     )
-    raise CheckFailed(message + (f". Hint: {hint}" if hint else ""))
+    raise CheckFailed(message + (f". Hint: {hint}" if hint else ""),
+                      f"{name}: " + ("NaN or inf" if message.endswith("got NaN or inf") else "values differ"))
 
 
 def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | None = None, hint: str | None = None) -> None:
@@ -182,9 +196,11 @@ def expect_equal(got, expected, name: str, *, mistakes: Mapping[str, object] | N
         return
     for mistake, wrong in (mistakes or {}).items():
         if got == wrong:
-            raise CheckFailed(f"{name}: expected {expected!r}, got {got!r}, which matches a known mistake: {mistake}")
+            raise CheckFailed(f"{name}: expected {expected!r}, got {got!r}, which matches a known mistake: {mistake}",
+                              f"{name}: your result matches a known mistake: {mistake}")
     raise CheckFailed(
-        f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else "")
+        f"{name}: expected {expected!r}, got {describe(got)}" + (f". Hint: {hint}" if hint else ""),
+        f"{name}: " + ("values differ" if type(got) is type(expected) else f"expected a {type(expected).__name__}")
     )
 
 
@@ -216,6 +232,9 @@ def expect_raises(
     def label() -> str:  # built only on failure: naming a grader's proxy of the call may cost a round trip
         return what or _call_text(call, args, kwargs)
 
+    def brief() -> str:  # the label without the arguments' values
+        return what or str(getattr(call, "__name__", None) or "the call")[:60]
+
     wanted = error if isinstance(error, tuple) else (error,)
     expected = " or ".join(e.__name__ for e in wanted)
     suffix = f". Hint: {hint}" if hint else ""
@@ -225,7 +244,8 @@ def expect_raises(
         if match is not None and match not in str(raised):
             raise CheckFailed(
                 f"{label()} raised {type(raised).__name__} as it should, but its message does not name "
-                f"{match!r}: {str(raised)[:200]}" + suffix
+                f"{match!r}: {str(raised)[:200]}" + suffix,
+                f"{brief()} raised {type(raised).__name__} as it should, but its message does not name {match!r}"
             ) from raised
         return
     except Exception as other:
@@ -233,10 +253,13 @@ def expect_raises(
             if isinstance(other, kind):
                 raise CheckFailed(
                     f"{label()} must raise {expected}, got {type(other).__name__} ({str(other)[:80]}), "
-                    f"which matches a known mistake: {mistake}" + suffix
+                    f"which matches a known mistake: {mistake}" + suffix,
+                    f"{brief()} must raise {expected}, got {type(other).__name__}, which matches a known mistake: "
+                    f"{mistake}"
                 ) from other
         raise
-    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix)
+    raise CheckFailed(f"{label()} must raise {expected}, but it returned {describe(result)}" + suffix,
+                      f"{brief()} must raise {expected}, but it returned a value")
 
 
 LEARNER_EXERCISES = "__learner_exercises__"
@@ -289,18 +312,114 @@ def install_answers(namespace: Mapping[str, object]) -> list[str]:
 def _after_cell(result=None) -> None:
     from IPython import get_ipython
 
-    install_answers(get_ipython().user_ns)
+    namespace = get_ipython().user_ns
+    install_answers(namespace)
+    _SKIPPED_NAMES.difference_update(name for name in list(_SKIPPED_NAMES) if name in namespace)
 
 
 def _watch_learner_answers() -> None:
-    """In a notebook, after every cell, :func:`install_answers` of the notebook's names."""
+    """In a notebook, after every cell, :func:`install_answers` of the notebook's names; in
+    a student bundle also :class:`SkipUnsolved`, so Run All goes on past an unsolved exercise."""
     try:
         from IPython import get_ipython
     except ImportError:
         return
     shell = get_ipython()
-    if shell is not None and _after_cell not in shell.events.callbacks["post_run_cell"]:
+    if shell is None:
+        return
+    if _after_cell not in shell.events.callbacks["post_run_cell"]:
         shell.events.register("post_run_cell", _after_cell)
+    if in_student_bundle() and not any(isinstance(t, SkipUnsolved) for t in shell.ast_transformers):
+        shell.user_ns[SkipUnsolved.REPORT] = report_skipped
+        shell.ast_transformers.append(SkipUnsolved())
+
+
+BUNDLE_MARKER = "bundle.json"  # at the root of a student bundle, beside minillm/
+
+
+def in_student_bundle() -> bool:
+    """True when this minillm is a student bundle's (``make student-bundle``)."""
+    return (Path(__file__).resolve().parent.parent / BUNDLE_MARKER).is_file()
+
+
+class NeedsAnswer(NotImplementedError):
+    """A cell called an exercise whose answer does not work yet (student bundles only)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"skipped: this cell needs your `{name}`, which does not work yet "
+                         "(its visible test says why)")
+
+
+_SKIPPED_NAMES: set[str] = set()  # names that cells skipped for an unsolved exercise would have bound
+
+
+def report_skipped(error: Exception, bound: tuple[str, ...] = ()) -> None:
+    """The one line a cell prints instead of a traceback when it needs an unsolved exercise
+    (``NotImplementedError``), or a name that such a skipped cell would have bound
+    (``NameError``; any other one is raised as usual). ``bound``: the names this cell binds."""
+    if isinstance(error, NameError) and not isinstance(error, NotImplementedError):
+        if error.name not in _SKIPPED_NAMES:
+            raise error
+        print(f"skipped: this cell needs `{error.name}`, from a cell that was skipped")
+    elif isinstance(error, NeedsAnswer):
+        print(error)
+    else:
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        name = frame.tb_frame.f_code.co_name if frame is not None else "answer"
+        print(f"skipped: this cell needs your `{name}`, which is not written yet")
+    _SKIPPED_NAMES.update(bound)
+
+
+class SkipUnsolved(ast.NodeTransformer):
+    """Student bundles: a cell that runs into an unsolved exercise (``NotImplementedError``)
+    prints one line instead of a traceback, and so does a later cell that needs a name the
+    skipped one would have bound; so Run All goes on to the end of the chapter.
+
+    The cell's code runs inside ``try``; its last expression is still shown as the cell's
+    value. The graded notebook never runs with this: the grader's package is no bundle.
+    """
+
+    REPORT, SHOWN = "__course_report_skipped__", "__course_shown__"
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not node.body or any(isinstance(s, ast.ImportFrom) and s.module == "__future__" for s in node.body):
+            return node
+        bound = sorted({target.id for stmt in node.body for target in ast.walk(stmt)
+                        if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)}
+                       | {stmt.name for stmt in node.body
+                          if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))})
+        body, last = list(node.body), None
+        if isinstance(body[-1], ast.Expr):
+            last = body.pop().value
+            body.append(ast.Assign([ast.Name(self.SHOWN, ast.Store())], last))
+        report = ast.Expr(ast.Call(ast.Name(self.REPORT, ast.Load()),
+                                   [ast.Name("_skipped", ast.Load()),
+                                    ast.Tuple([ast.Constant(name) for name in bound], ast.Load())], []))
+        errors = ast.Tuple([ast.Name("NotImplementedError", ast.Load()), ast.Name("NameError", ast.Load())], ast.Load())
+        guarded: list[ast.stmt] = [ast.Try(body, [ast.ExceptHandler(errors, "_skipped", [report])], [], [])]
+        if last is not None:
+            guarded = ([ast.Assign([ast.Name(self.SHOWN, ast.Store())], ast.Constant(None))] + guarded
+                       + [ast.Expr(ast.Name(self.SHOWN, ast.Load()))])
+        node.body = guarded
+        return ast.fix_missing_locations(node)
+
+
+def _waiting_for(name: str, learner: Callable) -> Callable:
+    """``learner``, whose failures in later cells become :class:`NeedsAnswer` (a bundle's
+    stand-in when there is no reference to fall back on)."""
+    if isinstance(learner, type) or not callable(learner):
+        return learner
+
+    @functools.wraps(learner)
+    def waiting(*args, **kwargs):
+        try:
+            return learner(*args, **kwargs)
+        except Exception as error:  # the learner's code may fail in any way
+            raise NeedsAnswer(name) from error
+
+    return waiting
 
 
 def keep_going(name: str, learner: Callable, reference: Callable, check: Callable[[Callable], object]) -> Callable:
@@ -311,17 +430,18 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
 
     In a student bundle the reference of a chapter not yet due is a stub. Then a working
     ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
-    runs on it), and a failing one is returned anyway, with a message that says so.
+    runs on it), and a failing one is returned anyway, with a message that says so; the
+    cells that then call it print one "skipped" line instead of a traceback.
     """
     module = _bundle_module(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
-        reason = f"{type(error).__name__}: {str(error)[:80]}"
+        reason = textwrap.shorten(f"{type(error).__name__}: {error}", width=100, placeholder=" ...")
         if module:
             print(f"{name}: not working yet ({reason}); this installation has no reference "
-                  f"for it, so the cells that use it wait for your answer")
-            return learner
+                  f"for it, so the cells that use it print 'skipped' until your answer works")
+            return _waiting_for(name, learner)
         print(f"{name}: using the package's reference ({reason})")
         return reference
     if module:

@@ -33,8 +33,8 @@ def files_of(folder: Path) -> dict[str, str]:
 
 def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
     top = sorted(p.name for p in built.iterdir())
-    assert top == ["Makefile", "README.md", "bundle.json", "chapters", "constraints.txt", "data", "environment.yml",
-                   "minillm", "pyproject.toml"]
+    assert top == ["Makefile", "README.md", "autograder", "bundle.json", "chapters", "constraints.txt", "data",
+                   "environment.yml", "minillm", "pyproject.toml"]
     assert (built / "constraints.txt").read_text() == (paths.ROOT / "constraints.txt").read_text()
     assert "-c constraints.txt" in (built / "Makefile").read_text(), "the bundle installs the pinned versions"
     assert sorted(p.name for p in (built / "chapters").iterdir()) == [*DUE, NOT_DUE]
@@ -62,8 +62,11 @@ def test_due_chapters_are_complete_and_the_others_are_stubs(built):
 def test_no_solution_line_of_a_chapter_not_due_ships(built):
     """No line that only the instructor may see ships, beyond what the learner notebooks
     show anyway (a hidden test may share an import line with given code)."""
-    text = "\n".join(files_of(built).values())
-    assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
+    files = files_of(built)
+    text = "\n".join(files.values())
+    # The grader's marks module names the markers it strips (and is the repository's own).
+    assert files.pop("autograder/marks.py") == (paths.ROOT / "autograder" / "marks.py").read_text()
+    assert not [name for name, body in files.items() if "BEGIN SOLUTION" in body or "BEGIN HIDDEN TESTS" in body]
     public = "\n".join(paths.release_notebook(slug).read_text() for slug in paths.present_slugs())
     for slug, kinds in [*((slug, ("text", "notes")) for slug in DUE), (NOT_DUE, ("hidden", "text", "notes", "code"))]:
         private = secret_lines(slug, kinds)
@@ -252,3 +255,35 @@ def test_a_later_chapters_name_names_its_chapter_in_a_bundle(ffn_not_due):
         "attention backend 'triton' comes from chapter 10_flash_attention (minillm.flash_triton), which this "
         "installation of minillm does not have",
     ]
+
+
+@pytest.mark.notebooks
+def test_run_all_goes_on_past_unsolved_exercises(built, monkeypatch):
+    """The learner's notebook of the chapter not yet due, untouched, runs to its last cell on
+    the bundle: each cell that needs an unsolved exercise says so in one line."""
+    monkeypatch.setenv("PYTHONPATH", str(built))
+    notebook = nbformat.read(built / "chapters" / NOT_DUE / f"{NOT_DUE}.ipynb", as_version=4)
+    execute.execute(notebook, built / "chapters" / NOT_DUE, quick=True)   # an error would stop it
+    lines = [line for cell in notebook.cells if cell.cell_type == "code" and "raises-exception" not in
+             cell.metadata.get("tags", []) for output in cell.outputs for line in output.get("text", "").splitlines()]
+    errors = [output for cell in notebook.cells if cell.cell_type == "code" and "raises-exception" not in
+              cell.metadata.get("tags", []) for output in cell.outputs if output.output_type == "error"]
+    assert not errors
+    skipped = [line for line in lines if line.startswith("skipped: this cell needs")]
+    assert len(skipped) >= 2, lines
+    assert any("`one_hot_embed`" in line for line in skipped), skipped
+
+
+@pytest.mark.grading
+def test_the_bundle_checks_itself_with_the_visible_checks_only(built, tmp_path):
+    work = tmp_path / "work"
+    (work / NOT_DUE).mkdir(parents=True)
+    nbformat.write(with_answers(NOT_DUE), work / NOT_DUE / f"{NOT_DUE}.ipynb")
+    env = {**os.environ, "PYTHONPATH": str(built)}
+    env.pop("MINILLM_COURSE_ROOT", None)
+    done = subprocess.run([sys.executable, "-m", "autograder", "check", NOT_DUE[:2], "--work", str(work)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "4 of 4 visible checks pass." in done.stdout
+    assert "a hidden check, run when your notebook is graded" in done.stdout
+    assert "make self-check" in (built / "Makefile").read_text() and "help:" in (built / "Makefile").read_text()

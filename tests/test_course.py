@@ -166,3 +166,40 @@ def test_expect_raises_lets_another_error_through_unless_it_is_a_known_mistake()
 
 def _not_implemented(*args):
     raise NotImplementedError()
+
+
+def _failure(call, *args, **kwargs) -> course.CheckFailed:
+    with pytest.raises(course.CheckFailed) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def test_every_failed_check_has_a_summary_without_values():
+    expected = torch.tensor([1.25, 2.5])
+    cases = [
+        (_failure(course.expect_close, torch.tensor([1.25, 9.75]), expected, "f(x)"), "f(x): values differ"),
+        (_failure(course.expect_close, torch.tensor([1.25]), expected, "f(x)"), "f(x): wrong shape"),
+        (_failure(course.expect_close, 3.75, expected, "f(x)"), "f(x): not a tensor"),
+        (_failure(course.expect_close, torch.tensor([float("nan"), 2.5]), expected, "f(x)"), "f(x): NaN or inf"),
+        (_failure(course.expect_equal, 17, 42, "count"), "count: values differ"),
+        (_failure(course.expect_raises, ValueError, lambda k: 17, 3, what="f with k = 0"),
+         "f with k = 0 must raise ValueError, but it returned a value"),
+    ]
+    for error, summary in cases:
+        assert error.summary == summary
+        for value in ("9.75", "3.75", "17", "42"):
+            assert value not in error.summary
+    mistake = _failure(course.expect_close, expected * 2, expected, "f(x)", mistakes={"doubled": expected * 2})
+    assert mistake.summary == "f(x): your result matches a known mistake: doubled"
+
+
+def test_a_hidden_check_shows_a_constant_assert_message_but_not_a_formatted_one():
+    from autograder.judge import hidden_reason, student_exception
+
+    source = "assert ok, 'rows must sum to 1'\nassert got == want, f'expected {want}, got {got}'"
+    assert hidden_reason(AssertionError("rows must sum to 1"), source) == "rows must sum to 1"
+    assert "42" not in hidden_reason(AssertionError("expected 42, got 17"), source)
+    echoed = student_exception("ValueError", "your f raised ValueError: bad 4.25", "your f raised ValueError")
+    assert isinstance(echoed, ValueError) and hidden_reason(echoed, source) == "your f raised ValueError"
+    assert hidden_reason(TypeError("unsupported operand 4.25"), source) == "TypeError while checking what your code returned"
+    assert hidden_reason(_failure(course.expect_equal, 17, 42, "count"), source) == "count: values differ"

@@ -24,6 +24,7 @@ import pytest
 from autograder.chapters import Chapter
 from autograder.grade import grade_files
 
+from . import browser
 from . import grading_fixture as fx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,3 +299,30 @@ def test_a_moved_gradebook_exports_and_opens_where_it_now_is(tmp_path, fixture_c
         time.sleep(6)                                # formgrader's assignment list polls every few seconds
     log = fg.log.read_text(errors="replace")
     assert "Unwritable directory" not in log, log[-2000:]
+
+
+HOSTILE_WRITTEN = (f"<script>window.{browser.MARK} = 'script'; alert('script')</script>\n"
+                   f"<img src=x onerror=\"window.{browser.MARK} = 'onerror'\">\n"
+                   f"<a href=\"javascript:window.{browser.MARK}='link'\" id=hostile-link>a link</a>\n"
+                   f"<svg onload=\"window.{browser.MARK} = 'svg'\"></svg> HOSTILE-TEXT-91b2")
+
+
+@pytest.mark.grading
+@pytest.mark.skipif(browser.MISSING is not None, reason=str(browser.MISSING))
+def test_a_hostile_written_answer_runs_no_script_in_formgrader(tmp_path, fixture_chapter):
+    """formgrader renders the stored written answer on the instructor's logged-in origin:
+    the answer is shown as text and none of its markup runs, in a real browser."""
+    master, chapter = fixture_chapter
+    subs = tmp_path / "subs"
+    fx.write(fx.submission(chapter, {WRITTEN: HOSTILE_WRITTEN}, solved=True),
+             subs / "submitted" / "mallory" / fx.SLUG / f"{fx.SLUG}.ipynb")
+    out = tmp_path / "out"
+    grade_files([subs], out, master=master)
+    with Formgrader(out / "nbgrader", tmp_path) as fg:
+        [notebook] = fg.get(f"/formgrader/api/submitted_notebooks/{fx.SLUG}/{fx.SLUG}")
+        with browser.page() as tab:
+            tab.goto(f"{fg.base}/formgrader/submissions/{notebook['id']}/?token={TOKEN}", wait_until="load")
+            assert browser.hostile_marks(tab) == []
+            assert "HOSTILE-TEXT-91b2" in tab.inner_text("body"), "the written answer is shown"
+            assert "<script>" in tab.inner_text("body"), "its markup is shown as text"
+            assert tab.locator("#hostile-link").count() == 0, "its link is not a link"

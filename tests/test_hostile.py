@@ -165,6 +165,12 @@ def scale(x, factor):
         # Right values, but the caller's tensor is changed: the judge's copy would never see it.
         "in_place": ({"scale": "def scale(x, factor):\n    return x.mul_(factor)\n", "count_weights": RIGHT_COUNT},
                      None, 3, None),
+        # Fine on the visible float32 case; on the hidden checks it raises an error that echoes
+        # its arguments, and count_weights is wrong, which the hidden check's own message would
+        # format with the expected value: neither may reach the feedback.
+        "echo_inputs": ({"scale": "import torch\ndef scale(x, factor):\n    if x.dtype == torch.float64:\n"
+                                  "        raise ValueError(f'ECHO {x.tolist()} {factor!r}')\n    return x * factor\n",
+                         "count_weights": WRONG_COUNT}, None, 1, None),
         "big_file": ({"scale": "try:\n    with open('big.bin', 'wb') as f:\n        for _ in range(64):\n"
                                "            f.write(b'0' * 2**20)\nexcept OSError as error:\n    print('file:', error)\n"
                                + WRONG_SCALE, "count_weights": WRONG_COUNT}, None, 0, None),
@@ -228,7 +234,7 @@ def flags(outcome) -> set:
 CASES = ["allclose", "lying_tensor", "custom_exc", "input_transformer", "kernel_hooks", "os_exit", "exit_in_call",
          "sigint_loop", "sigint_call", "memory_bomb", "huge_output", "read_hidden", "write_gradebook",
          "tests_tampered", "tests_deleted_honest", "grade_ids", "fake_pass", "nbgrader_env", "reference_import",
-         "network", "fork_bomb", "big_file", "in_place", "honest"]
+         "network", "fork_bomb", "big_file", "in_place", "echo_inputs", "honest"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -254,6 +260,16 @@ def test_patched_comparisons_and_lying_values_do_not_reach_the_checks(corpus):
     for name in ("allclose", "lying_tensor", "kernel_hooks", "custom_exc"):
         reasons = " ".join(t["output"] for t in corpus["results"][name]["tests"])
         assert "wrong values" in reasons or "expected" in reasons or "raised" in reasons, (name, reasons)
+
+
+def test_hidden_checks_show_their_kind_of_failure_and_no_values(corpus):
+    tests = {t["name"]: t["output"] for t in corpus["results"]["echo_inputs"]["tests"]}
+    assert tests["scale_hidden"] == "your scale raised ValueError", tests
+    assert "ECHO" not in json.dumps(corpus["results"]["echo_inputs"])
+    assert tests["count_weights_hidden"] == "a hidden check found a wrong value or a property that does not hold"
+    assert "should be 8, got 6" in tests["count_weights_visible"], "visible tests keep their diagnosis"
+    page = (corpus["out"] / "submissions" / f"echo_inputs__{fx.SLUG}" / "feedback.html").read_text()
+    assert "ECHO" not in page and "expected 42" not in page
 
 
 def test_a_function_that_changes_its_input_in_place_is_caught(corpus):
