@@ -180,8 +180,8 @@ for args, what in [((x, W_xh, torch.randn(5, 4), b_h), "a W_hh of shape (5, 4), 
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `rnn` to your `rnn_forward` when it works, else to the
-# course's reference.
+# Keep going: the next cell binds `rnn` to your `rnn_forward` when it passes the visible
+# test (the same checks, run again), else to the course's reference.
 
 # %%
 from minillm import history as reference_history

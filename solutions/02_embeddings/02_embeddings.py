@@ -186,8 +186,8 @@ for bad_ids, error in [(torch.tensor([3, -1]), ValueError), (torch.tensor([[0, 1
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `embed_one_hot` to your `one_hot_embed` when it works,
-# else to the course's reference.
+# Keep going: the next cell binds `embed_one_hot` to your `one_hot_embed` when it passes
+# the visible test (the same checks, run again), else to the course's reference.
 
 # %%
 from minillm import embedding as reference_embedding

@@ -233,8 +233,8 @@ for args, name in [((4, 7), "d_model"), ((4, 0), "d_model"), ((0, 8), "seq_len")
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `sinusoid` to your `sinusoidal_encoding` when it works,
-# else to the course's reference.
+# Keep going: the next cell binds `sinusoid` to your `sinusoidal_encoding` when it passes
+# the visible test (the same checks, run again), else to the course's reference.
 
 # %%
 from minillm import positional as reference_positional

@@ -207,8 +207,8 @@ assert abs(values.min().item() + 0.169971) < 1e-5 and abs(grid[values.argmin()].
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `exact_gelu` to your `gelu` when it works, else to the
-# course's reference.
+# Keep going: the next cell binds `exact_gelu` to your `gelu` when it passes the visible
+# test (the same checks, run again), else to the course's reference.
 
 # %%
 from minillm import ffn as reference_ffn

@@ -293,8 +293,8 @@ course.expect_close(layer_norm(x), F.layer_norm(x, (64,)), "layer_norm of float3
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `my_layer_norm` to your `layer_norm` when it works, else
-# to the course's reference.
+# Keep going: the next cell binds `my_layer_norm` to your `layer_norm` when it passes the
+# visible test (the same checks, run again), else to the course's reference.
 
 # %%
 from minillm import norm as reference_norm
@@ -1351,10 +1351,10 @@ course.expect_close(block(x), x + block.ffn(block.norm2(x)), "in training, the F
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Keep going: the next cell binds `Block` to your `TransformerBlock` when it works, else to
-# the course's reference. Its check also runs your block token by token with a KV cache and
-# with a rotary module, which the graded tests cannot do: it tells you if `kv_cache` or
-# `positions` does not reach the attention.
+# Keep going: the next cell binds `Block` to your `TransformerBlock` when it passes the
+# visible test (run again), else to the course's reference. Its check also runs your block
+# token by token with a KV cache and with a rotary module, which the graded tests cannot
+# do: it tells you if `kv_cache` or `positions` does not reach the attention.
 
 # %%
 def _block_check(cls):

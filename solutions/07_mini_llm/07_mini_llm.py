@@ -768,7 +768,7 @@ for shape, vocab, dtype in [((5,), 9, torch.float64), ((3, 4), 17, torch.float32
         targets.view(-1)[::3] = -100
     got = summed_nll(logits, targets)
     assert isinstance(got, torch.Tensor) and got.dim() == 0 and got.dtype == dtype, \
-        f"summed_nll must return a 0-dim tensor in the logits' dtype ({dtype})"
+        "summed_nll must return a 0-dim tensor in the logits' dtype"
     expected = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), reduction="sum", ignore_index=-100)
     course.expect_close(got, expected, f"summed_nll {shape} vocab {vocab} {dtype}", atol=1e-6, rtol=1e-6)
 # uniform logits: every kept position costs ln V
@@ -790,7 +790,7 @@ for offset, dtype in [(300.0, torch.float32), (1000.0, torch.float64)]:
     logits[:, 0] += offset
     targets = torch.randint(1, 10, (6,))
     got = summed_nll(logits, targets)
-    assert isinstance(got, torch.Tensor) and torch.isfinite(got), f"summed_nll must stay finite for {dtype} targets far below the best logit"
+    assert isinstance(got, torch.Tensor) and torch.isfinite(got), "summed_nll must stay finite for targets far below the best logit"
     course.expect_close(got, F.cross_entropy(logits, targets, reduction="sum"),
                         f"summed_nll of {dtype} targets about {offset:g} below the best logit", atol=1e-3, rtol=1e-6)
 # everything padded: nothing to predict
@@ -1924,7 +1924,7 @@ for shape, k, dtype in [((4, 13), 3, torch.float32), ((2, 3, 29), 7, torch.float
     kth = torch.topk(logits, min(k, shape[-1]), dim=-1).values[..., -1:]
     expected = logits.masked_fill(logits < kth, float("-inf"))
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_k_filter must keep the shape {shape}"
-    assert got.dtype == dtype, f"top_k_filter must keep the logits' dtype {dtype}"
+    assert got.dtype == dtype, "top_k_filter must keep the logits' dtype"
     assert torch.equal(torch.isinf(got), torch.isinf(expected)), f"top_k_filter {shape} k={k}: wrong tokens kept"
     assert torch.equal(got[~torch.isinf(got)], logits[~torch.isinf(expected)]), "kept logits must be unchanged"
     assert bool((torch.isfinite(got).sum(-1) == min(k, shape[-1])).all()), "without ties exactly k tokens are kept"
@@ -2051,7 +2051,7 @@ for shape, p, dtype in [((6, 17), 0.9, torch.float32), ((2, 3, 31), 0.5, torch.f
     got = top_p_filter(logits, p)
     assert torch.equal(logits, before), "the filter modified its input"
     assert isinstance(got, torch.Tensor) and got.shape == logits.shape, f"top_p_filter must keep the shape {shape}"
-    assert got.dtype == dtype, f"top_p_filter must keep the logits' dtype {dtype}"
+    assert got.dtype == dtype, "top_p_filter must keep the logits' dtype"
     for row, out in zip(logits.reshape(-1, shape[-1]), got.reshape(-1, shape[-1])):
         kept = torch.isfinite(out)
         assert kept.tolist() == _naive_nucleus(row, p), f"top_p_filter {shape} p={p}: wrong tokens kept"
