@@ -391,11 +391,11 @@ for n, r, a in zip(lengths, rnn_seconds, attention_seconds):
 # of a small operation is the fixed overhead of launching it, not arithmetic. Attention
 # makes the same handful of calls (seven above) whatever $n$ is. As $n$ grows, attention's
 # extra arithmetic catches up with the loop's overhead: at $n = 2048$ it does 64 times the
-# RNN's multiply-adds, and between one and two thousand tokens the two curves meet or
-# nearly meet. There the $n \times n$ matrices of scores and weights (4 MB each in float32
+# RNN's multiply-adds, and by two thousand tokens the twenty-fold gap has shrunk to a few
+# times at most. There the $n \times n$ matrices of scores and weights (4 MB each in float32
 # at $n = 1024$, 16 MB at 2048) outgrow the processor's fast caches, and attention's time
 # starts to depend on memory traffic as well as arithmetic: it varies most from run to
-# run (across our runs the ratio at $n = 2048$ lay between 0.6 and 2.2, while the
+# run (across our runs the ratio at $n = 2048$ lay between 0.6 and 3.1, while the
 # twenty-fold gap at short lengths came back every time). FlashAttention (chapter 10) is
 # about avoiding exactly that traffic.
 #

@@ -2537,9 +2537,9 @@ print(f"generation, {n - 1} tokens one at a time:     {per_token:6.2f} ms per to
 print(f"generating is {generation / full:.0f} times slower than scoring the same number of positions")
 
 # %% [markdown]
-# Producing the same number of tokens takes tens of times longer than scoring them: each
-# token needs its own pass, and the passes cannot overlap. Now look at the pass over a single position. It does 1/128 of
-# the arithmetic of the full pass, yet it is nowhere near 128 times faster: at this size,
+# Producing the same number of tokens takes tens to hundreds of times longer than
+# scoring them: each token needs its own pass, and the passes cannot overlap. Now look at
+# the pass over a single position. It does 1/128 of the arithmetic of the full pass, yet it is nowhere near 128 times faster: at this size,
 # every call to the model pays a fixed cost (Python, and the launch of a few hundred
 # small tensor operations, each too small to keep a core busy) before the arithmetic that
 # grows with the positions. A generation step, which needs only its last position's
