@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -21,6 +21,9 @@ help:
 	@echo "make student-bundle UPTO=04 [DUE=03]  what a graded class hands out, in dist/"
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
+	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given"
+	@echo "make update    bring new or changed chapters into $(WORK)/, keeping your answers (backups in $(WORK)/.backups/)"
+	@echo "make reset     start a chapter over from its release: make reset CHAPTER=04 (a backup is kept)"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
 	@echo "make constraints  re-resolve the dependencies into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
@@ -115,6 +118,18 @@ grade: $(STAMP)
 # $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
 self-check: $(STAMP)
 	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
+
+progress: $(STAMP)
+	$(BIN)/python -m autograder check all --work $(WORK)
+
+# After `git pull`: new chapters are copied into $(WORK)/, changed ones get the new release
+# with your answer cells and written answers carried over; old notebooks go to $(WORK)/.backups/.
+update: $(STAMP)
+	@mkdir -p $(WORK)
+	$(BIN)/python -m autograder update --work $(WORK)
+
+reset: $(STAMP)
+	$(BIN)/python -m autograder reset $(CHAPTER) --work $(WORK)
 
 doctor: $(STAMP)
 	$(BIN)/python -m minillm.doctor

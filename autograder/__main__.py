@@ -16,6 +16,14 @@
     The learner's own report on a notebook, a chapter's folder (``work/04_attention``), or
     a chapter number or slug (``NN_slug/NN_slug.ipynb`` in ``./work``, else in the current
     folder, or in ``--work``), exercise by exercise, with the visible checks only.
+    ``check all``: one line per chapter of the work folder.
+
+``python -m autograder update [--work FOLDER]``
+    Bring new or changed chapters into your work folder (default ``./work``), keeping your
+    answer cells and written answers; the old notebooks go to ``FOLDER/.backups/``.
+
+``python -m autograder reset CHAPTER [--work FOLDER]``
+    Give one chapter the untouched release; the old notebook goes to ``FOLDER/.backups/``.
 """
 from __future__ import annotations
 
@@ -75,9 +83,29 @@ def main(argv=None) -> int:
                        help="the folder holding your chapters' folders, for a chapter number or slug "
                             "(default: ./work, else the current folder)")
     check.add_argument("--cell-timeout", type=_positive_float, default=60.0, help="seconds per cell (default 60)")
+    update = commands.add_parser("update", help="bring new or changed chapters into your work folder, "
+                                                "keeping your answers")
+    update.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                        help="your work folder (default ./work)")
+    reset = commands.add_parser("reset", help="give one chapter of your work folder the untouched release")
+    reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
+    reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                       help="your work folder (default ./work)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
+
+    if args.command in ("update", "reset"):
+        from . import workspace
+
+        try:
+            if args.command == "update":
+                workspace.update(args.work)
+            else:
+                workspace.reset(args.work, args.chapter)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}")
+        return 0
 
     from .sandbox import Limits
 
