@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -19,6 +19,8 @@ help:
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
 	@echo "make student-bundle UPTO=04 [DUE=03]  what a graded class hands out, in dist/"
+	@echo "make catch-up CHAPTER=05  a latecomer's bundle: chapters before 05 complete, 05 to do, in dist/"
+	@echo "make gradescope CHAPTER=04  the chapter's Gradescope autograder zip, in dist/ (private: it holds solutions)"
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
 	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given"
@@ -108,6 +110,16 @@ check: $(STAMP)
 # those before UPTO): dist/student-bundle-upto-NN/ and its zip. See docs/grading.md.
 student-bundle: $(STAMP)
 	$(BIN)/python -m coursebuild bundle --upto $(UPTO) $(if $(DUE),--due $(DUE))
+
+# A latecomer in a graded class: every chapter before CHAPTER complete (the trained model
+# included, in data/), CHAPTER itself as exercises. dist/student-bundle-upto-NN/.
+catch-up: $(STAMP)
+	$(BIN)/python -m coursebuild bundle --upto $(CHAPTER)
+
+# The Gradescope autograder of one chapter: dist/gradescope-NN.zip (it holds the chapter's
+# solutions and hidden tests: upload it to Gradescope, never hand it out).
+gradescope: $(STAMP)
+	$(BIN)/python -m coursebuild gradescope $(CHAPTER)
 
 OUT  ?= graded
 JOBS ?= 1

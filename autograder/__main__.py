@@ -18,6 +18,10 @@
     folder, or in ``--work``), exercise by exercise, with the visible checks only.
     ``check all``: one line per chapter of the work folder.
 
+``python -m autograder gradescope CHAPTER [--root /autograder]``
+    Inside a Gradescope container (``make gradescope``): grade the notebook of
+    ``ROOT/submission/`` and write ``ROOT/results/results.json``.
+
 ``python -m autograder update [--work FOLDER]``
     Bring new or changed chapters into your work folder (default ``./work``), keeping your
     answer cells and written answers; the old notebooks go to ``FOLDER/.backups/``.
@@ -91,6 +95,10 @@ def main(argv=None) -> int:
     reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
                        help="your work folder (default ./work)")
+    gradescope = commands.add_parser("gradescope", help="grade the submission of a Gradescope container")
+    gradescope.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
+    gradescope.add_argument("--root", type=Path, default=Path("/autograder"),
+                            help="Gradescope's folder, holding submission/ and results/ (default /autograder)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
@@ -108,6 +116,15 @@ def main(argv=None) -> int:
         return 0
 
     from .sandbox import Limits
+
+    if args.command == "gradescope":
+        from .gradescope import run
+
+        try:
+            run(args.chapter, args.root)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}")
+        return 0
 
     if args.command == "check":
         from .check import check_command
