@@ -18,6 +18,10 @@
     folder, or in ``--work``), exercise by exercise, with the visible checks only.
     ``check all``: one line per chapter of the work folder.
 
+``python -m autograder feedback OUT [--course DIR]``
+    After manual grading in formgrader: every ``results.json`` and ``feedback.html`` under
+    ``OUT`` gets the final score, the written answers' grades and comments included.
+
 ``python -m autograder gradescope CHAPTER [--root /autograder]``
     Inside a Gradescope container (``make gradescope``): grade the notebook of
     ``ROOT/submission/`` and write ``ROOT/results/results.json``.
@@ -95,6 +99,9 @@ def main(argv=None) -> int:
     reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
                        help="your work folder (default ./work)")
+    final = commands.add_parser("feedback", help="after manual grading: results and feedback with the final scores")
+    final.add_argument("out", type=Path, metavar="OUT", help="the folder a grade run wrote (it holds summary.csv)")
+    final.add_argument("--course", type=Path, help="nbgrader course directory of the gradebook (default OUT/nbgrader)")
     gradescope = commands.add_parser("gradescope", help="grade the submission of a Gradescope container")
     gradescope.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     gradescope.add_argument("--root", type=Path, default=Path("/autograder"),
@@ -116,6 +123,15 @@ def main(argv=None) -> int:
         return 0
 
     from .sandbox import Limits
+
+    if args.command == "feedback":
+        from .final import refresh
+
+        try:
+            refresh(args.out, args.course)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}")
+        return 0
 
     if args.command == "gradescope":
         from .gradescope import run

@@ -132,9 +132,8 @@ def display_notebook(chapter, notebook, results: dict, verdicts: dict | None) ->
     return shown
 
 
-def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
-    """The feedback page."""
-    shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
+def summary_html(results: dict) -> str:
+    """The page's summary: the score, a row per check, the written answers, the flags."""
     rows = "".join(
         f"<tr><td>{html.escape(t.get('number', ''))}</td><td>{html.escape(t['name'])}</td>"
         f"<td>{t['score']:g} / {t['max_score']:g}</td><td>{html.escape(t['status'])}</td>"
@@ -143,9 +142,8 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
     )
     flags = "".join(f"<li><b>{html.escape(str(f.get('kind')))}</b>: {html.escape(str(f.get('detail', '')))}</li>"
                     for f in results["extra_data"].get("flags", []))
-    manual = "".join(f"<li>{html.escape(m['name'])}: {m['max_score']:g} points, graded by hand</li>"
-                     for m in results["extra_data"].get("manual_grading", []))
-    summary = (
+    manual = "".join(_manual_line(m) for m in results["extra_data"].get("manual_grading", []))
+    return (
         f"<section id='grading-summary' class='learner-text'><h1>{html.escape(results['output'])}</h1>"
         f"<table border='1' cellpadding='4'><tr><th>#</th><th>check</th><th>points</th><th>status</th>"
         f"<th>why</th></tr>{rows}</table>"
@@ -153,6 +151,27 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
         + (f"<h2>Notes from the grader</h2><ul>{flags}</ul>" if flags else "")
         + "</section>"
     )
+
+
+def _manual_line(item: dict) -> str:
+    if item.get("score") is None:
+        return f"<li>{html.escape(item['name'])}: {item['max_score']:g} points, graded by hand</li>"
+    comment = f"<pre>{html.escape(item['comment'])}</pre>" if item.get("comment") else ""
+    return f"<li>{html.escape(item['name'])}: {item['score']:g} / {item['max_score']:g}, graded by hand{comment}</li>"
+
+
+SUMMARY_SECTION = re.compile(r"<section id='grading-summary'.*?</section>", re.S)
+
+
+def with_summary(page: str, results: dict) -> str:
+    """``page`` (a feedback page this module wrote) with its summary written anew from ``results``."""
+    return SUMMARY_SECTION.sub(lambda _: summary_html(results), page, count=1)
+
+
+def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
+    """The feedback page."""
+    shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
+    summary = summary_html(results)
     if shown is None:
         return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{SUMMARY_STYLE}</head>"
                 f"<body>{summary}</body></html>")
