@@ -13,7 +13,7 @@ help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
 	@echo "make instructor-lab  JupyterLab with nbgrader's instructor tools: make instructor-lab LAB_DIR=graded/nbgrader"
 	@echo "make test      run the whole test suite (as CI does)"
-	@echo "make test-install  check the installs of a fresh machine (the Colab set-up cell; several minutes)"
+	@echo "make test-install  check and measure the installs of a fresh machine, and the Colab set-up cell (minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
@@ -31,12 +31,22 @@ help:
 	@echo "make bench     run the benchmarks in bench/"
 
 # Installs the course with the exact versions of constraints.txt, and again whenever
-# pyproject.toml or constraints.txt changed since the last install.
+# pyproject.toml or constraints.txt changed since the last install. A learner's commands
+# (make lab, self-check, progress, update, reset, doctor) need only what the chapters use;
+# the tests and the instructor's tools add the test extra (pytest, transformers, the
+# website's builder and the rest).
+LEARNER_STAMP := $(VENV)/.learner-stamp
+$(LEARNER_STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	$(BIN)/python -m pip check --disable-pip-version-check
+	@touch $(LEARNER_STAMP)
+
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	$(BIN)/python -m pip check --disable-pip-version-check
-	@touch $(STAMP)
+	@touch $(STAMP) $(LEARNER_STAMP)
 
 venv: $(STAMP)
 
@@ -60,7 +70,7 @@ constraints:
 # Validate button. `make instructor-lab` keeps them.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
-lab: $(STAMP)
+lab: $(LEARNER_STAMP)
 	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
 	cd $(WORK) && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
@@ -78,10 +88,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
-# The installs a fresh machine makes: the Colab set-up cell in a new runtime that keeps its
-# own torch (several minutes; not part of `make test`).
+# The installs a fresh machine makes, measured (the learner's and the full one), and the Colab
+# set-up cell in a new runtime that keeps its own torch (several minutes; not part of `make test`).
 test-install: $(STAMP)
-	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist tests/test_colab.py $(PYTEST_ARGS)
+	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist -s tests/test_install.py tests/test_colab.py $(PYTEST_ARGS)
 
 # The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so two runs
 # of the same code with the same torch version give the same weights. Prints the validation loss
@@ -128,22 +138,22 @@ grade: $(STAMP)
 
 # The learner's own report on a notebook, a chapter's folder or a chapter number (looked up in
 # $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
-self-check: $(STAMP)
+self-check: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
 
-progress: $(STAMP)
+progress: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder check all --work $(WORK)
 
 # After `git pull`: new chapters are copied into $(WORK)/, changed ones get the new release
 # with your answer cells and written answers carried over; old notebooks go to $(WORK)/.backups/.
-update: $(STAMP)
+update: $(LEARNER_STAMP)
 	@mkdir -p $(WORK)
 	$(BIN)/python -m autograder update --work $(WORK)
 
-reset: $(STAMP)
+reset: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder reset $(CHAPTER) --work $(WORK)
 
-doctor: $(STAMP)
+doctor: $(LEARNER_STAMP)
 	$(BIN)/python -m minillm.doctor
 
 bench: $(STAMP)
