@@ -36,6 +36,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from pathlib import Path
@@ -110,37 +111,22 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
 
-    if args.command in ("update", "reset"):
-        from . import workspace
-
+    # Commands that finish, or fail with a message naming the bad argument: module, call.
+    simple = {
+        "update": ("workspace", lambda module: module.update(args.work)),
+        "reset": ("workspace", lambda module: module.reset(args.work, args.chapter)),
+        "feedback": ("final", lambda module: module.refresh(args.out, args.course)),
+        "gradescope": ("gradescope", lambda module: module.run(args.chapter, args.root)),
+    }
+    if args.command in simple:
+        name, call = simple[args.command]
         try:
-            if args.command == "update":
-                workspace.update(args.work)
-            else:
-                workspace.reset(args.work, args.chapter)
+            call(importlib.import_module(f".{name}", __package__))
         except ValueError as error:
             raise SystemExit(f"error: {error}")
         return 0
 
     from .sandbox import Limits
-
-    if args.command == "feedback":
-        from .final import refresh
-
-        try:
-            refresh(args.out, args.course)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}")
-        return 0
-
-    if args.command == "gradescope":
-        from .gradescope import run
-
-        try:
-            run(args.chapter, args.root)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}")
-        return 0
 
     if args.command == "check":
         from .check import check_command
