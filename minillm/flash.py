@@ -185,31 +185,32 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     a query that sees no key); dS comes from ``score_grad``. Memory beyond the inputs and
     the gradients: one block_q x block_k tile at a time.
     """
-    q_len, k_len, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale, offset = 1.0 / math.sqrt(d), k_len - q_len
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    offset = n_keys - n_queries
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    lse = lse.masked_fill(torch.isneginf(lse), float("inf"))  # a query that sees no key: P = exp(-inf) = 0
-    for q0 in range(0, q_len, block_q):
-        q1 = min(q0 + block_q, q_len)
-        q_block, o_block, do_block = q[..., q0:q1, :], out[..., q0:q1, :], d_out[..., q0:q1, :]
-        lse_block = lse[..., q0:q1, None]
-        dq_block = q.new_zeros((*out.shape[:-2], q1 - q0, d))  # the broadcast shape; summed to q's at the end
-        for k0 in range(0, k_len, block_k):
-            k1 = min(k0 + block_k, k_len)
-            kind = tile_visibility(q0, q1, k0, k1, offset) if causal else "full"
+    lse = lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None]  # a query that sees no key: P = exp(-inf) = 0
+    query_positions, key_positions = torch.arange(n_queries, device=q.device), torch.arange(n_keys, device=q.device)
+    for j0 in range(0, n_keys, block_k):  # FlashAttention-2's order: one block of keys and values at a time...
+        j1 = min(j0 + block_k, n_keys)
+        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
+        for i0 in range(0, n_queries, block_q):  # ...against every block of queries that sees it
+            i1 = min(i0 + block_q, n_queries)
+            kind = tile_visibility(i0, i1, j0, j1, offset) if causal else "full"
             if kind == "skip":
-                break
-            k_block, v_block = k[..., k0:k1, :], v[..., k0:k1, :]
-            scores = (q_block @ k_block.transpose(-2, -1)) * scale
+                continue  # queries before these keys; a later block of queries may see them
+            q_i, o_i, do_i = q[..., i0:i1, :], out[..., i0:i1, :], d_out[..., i0:i1, :]
+            scores = (q_i @ k_j.transpose(-2, -1)) * scale
             if kind == "partial":
-                allowed = torch.arange(k0, k1, device=q.device)[None, :] <= torch.arange(q0, q1, device=q.device)[:, None] + offset
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            p = (scores - lse_block).exp()
-            dv[..., k0:k1, :] += (p.transpose(-2, -1) @ do_block).sum_to_size(v_block.shape)
-            ds = score_grad(p, do_block @ v_block.transpose(-2, -1), o_block, do_block)
-            dq_block += ds @ k_block * scale
-            dk[..., k0:k1, :] += (ds.transpose(-2, -1) @ q_block * scale).sum_to_size(k_block.shape)
-        dq[..., q0:q1, :] = dq_block.sum_to_size(dq[..., q0:q1, :].shape)
+                future = key_positions[None, j0:j1] > query_positions[i0:i1, None] + offset
+                scores = scores.masked_fill(future, float("-inf"))
+            p = (scores - lse[..., i0:i1, :]).exp()  # the tile's weights, recomputed
+            dv_j += (p.transpose(-2, -1) @ do_i).sum_to_size(dv_j.shape)
+            ds = score_grad(p, do_i @ v_j.transpose(-2, -1), o_i, do_i)
+            dk_j += (ds.transpose(-2, -1) @ q_i * scale).sum_to_size(dk_j.shape)
+            dq[..., i0:i1, :] += (ds @ k_j * scale).sum_to_size(dq[..., i0:i1, :].shape)
+        dk[..., j0:j1, :], dv[..., j0:j1, :] = dk_j, dv_j
     return dq, dk, dv
 
 

@@ -69,9 +69,12 @@ def _flash_forward_kernel(Q, K, V, O, LSE, q_len, k_len, offset, scale, n_rep,
 
 
 def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                             block_m: int = 16, block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+                             block_m: int = 16, block_n: int = 16, num_warps: int = 4,
+                             num_stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's (out, lse): q (batch, n_heads, q_len, d), k, v (batch, n_kv_heads, k_len,
     d) → out (batch, n_heads, q_len, d) in q's dtype, lse (batch, n_heads, q_len) float32.
+    block_m, block_n: the tile (powers of two, at least 16 for tl.dot on a GPU; the small
+    default suits the interpreter); num_warps, num_stages: how a GPU runs each program.
     ``ValueError`` for shapes the kernel cannot take (d not a power of two in 16..256,
     heads that do not divide, causal with more queries than keys)."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1]:
@@ -92,8 +95,18 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     _flash_forward_kernel[grid](q, k, v, out, lse, q_len, k_len, k_len - q_len, 1.0 / d ** 0.5, n_heads // n_kv_heads,
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                 out.stride(0), out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
-                                CAUSAL=bool(causal), PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                                CAUSAL=bool(causal), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                                num_warps=num_warps, num_stages=num_stages)
     return out.view(batch, n_heads, q_len, d), lse.view(batch, n_heads, q_len)
+
+
+def launch_options(q: torch.Tensor) -> dict:
+    """Tiles and warps for ``triton_attention_forward``: on a GPU, 128 queries by 64 keys
+    (32 keys for head_dim above 64, to fit the shared memory); in the interpreter, 16 by 16."""
+    if q.device.type != "cuda":
+        return {}
+    d = q.shape[-1]
+    return {"block_m": 128, "block_n": 64 if d <= 64 else 32, "num_warps": 4 if d <= 64 else 8, "num_stages": 3}
 
 
 class TritonFlashAttention(torch.autograd.Function):
@@ -102,7 +115,7 @@ class TritonFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal):
-        out, lse = triton_attention_forward(q, k, v, causal=causal)
+        out, lse = triton_attention_forward(q, k, v, causal=causal, **launch_options(q))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         return out
