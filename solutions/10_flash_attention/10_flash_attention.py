@@ -366,7 +366,6 @@ soft = course.keep_going("online_softmax", online_softmax, flash.online_softmax,
 # 1 or a block as wide as the row:
 
 # %%
-#| stable
 x = 4 * torch.randn(3, 1000, dtype=torch.float64)
 for block in (1, 7, 128, 1000):
     print(f"block {block:4d}: largest difference from torch.softmax {(soft(x, block) - torch.softmax(x, -1)).abs().max():.1e}")
