@@ -7,31 +7,46 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle notebooks package release manifest build check grade self-check doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
 	@echo "make instructor-lab  JupyterLab with nbgrader's instructor tools: make instructor-lab LAB_DIR=graded/nbgrader"
 	@echo "make test      run the whole test suite (as CI does)"
-	@echo "make test-install  check the installs of a fresh machine (the Colab set-up cell; several minutes)"
+	@echo "make test-install  check and measure the installs of a fresh machine, and the Colab set-up cell (minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
 	@echo "make student-bundle UPTO=04 [DUE=03]  what a graded class hands out, in dist/"
+	@echo "make catch-up CHAPTER=05  a latecomer's bundle: chapters before 05 complete, 05 to do, in dist/"
+	@echo "make gradescope CHAPTER=04  the chapter's Gradescope autograder zip, in dist/ (private: it holds solutions)"
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
+	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given"
+	@echo "make update    bring new or changed chapters into $(WORK)/, keeping your answers (backups in $(WORK)/.backups/)"
+	@echo "make reset     start a chapter over from its release: make reset CHAPTER=04 (a backup is kept)"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
 	@echo "make constraints  re-resolve the dependencies into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
 
 # Installs the course with the exact versions of constraints.txt, and again whenever
-# pyproject.toml or constraints.txt changed since the last install.
+# pyproject.toml or constraints.txt changed since the last install. A learner's commands
+# (make lab, self-check, progress, update, reset, doctor) need only what the chapters use;
+# the tests and the instructor's tools add the test extra (pytest, transformers, the
+# website's builder and the rest).
+LEARNER_STAMP := $(VENV)/.learner-stamp
+$(LEARNER_STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	$(BIN)/python -m pip check --disable-pip-version-check
+	@touch $(LEARNER_STAMP)
+
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	$(BIN)/python -m pip check --disable-pip-version-check
-	@touch $(STAMP)
+	@touch $(STAMP) $(LEARNER_STAMP)
 
 venv: $(STAMP)
 
@@ -55,7 +70,7 @@ constraints:
 # Validate button. `make instructor-lab` keeps them.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
-lab: $(STAMP)
+lab: $(LEARNER_STAMP)
 	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
 	cd $(WORK) && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
@@ -73,10 +88,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
-# The installs a fresh machine makes: the Colab set-up cell in a new runtime that keeps its
-# own torch (several minutes; not part of `make test`).
+# The installs a fresh machine makes, measured (the learner's and the full one), and the Colab
+# set-up cell in a new runtime that keeps its own torch (several minutes; not part of `make test`).
 test-install: $(STAMP)
-	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist tests/test_colab.py $(PYTEST_ARGS)
+	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist -s tests/test_install.py tests/test_colab.py $(PYTEST_ARGS)
 
 # The recipe of the shipped model (data/minillm-shakespeare*): one torch thread, so two runs
 # of the same code with the same torch version give the same weights. Prints the validation loss
@@ -106,6 +121,16 @@ check: $(STAMP)
 student-bundle: $(STAMP)
 	$(BIN)/python -m coursebuild bundle --upto $(UPTO) $(if $(DUE),--due $(DUE))
 
+# A latecomer in a graded class: every chapter before CHAPTER complete (the trained model
+# included, in data/), CHAPTER itself as exercises. dist/student-bundle-upto-NN/.
+catch-up: $(STAMP)
+	$(BIN)/python -m coursebuild bundle --upto $(CHAPTER)
+
+# The Gradescope autograder of one chapter: dist/gradescope-NN.zip (it holds the chapter's
+# solutions and hidden tests: upload it to Gradescope, never hand it out).
+gradescope: $(STAMP)
+	$(BIN)/python -m coursebuild gradescope $(CHAPTER)
+
 OUT  ?= graded
 JOBS ?= 1
 grade: $(STAMP)
@@ -113,10 +138,22 @@ grade: $(STAMP)
 
 # The learner's own report on a notebook, a chapter's folder or a chapter number (looked up in
 # $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
-self-check: $(STAMP)
+self-check: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
 
-doctor: $(STAMP)
+progress: $(LEARNER_STAMP)
+	$(BIN)/python -m autograder check all --work $(WORK)
+
+# After `git pull`: new chapters are copied into $(WORK)/, changed ones get the new release
+# with your answer cells and written answers carried over; old notebooks go to $(WORK)/.backups/.
+update: $(LEARNER_STAMP)
+	@mkdir -p $(WORK)
+	$(BIN)/python -m autograder update --work $(WORK)
+
+reset: $(LEARNER_STAMP)
+	$(BIN)/python -m autograder reset $(CHAPTER) --work $(WORK)
+
+doctor: $(LEARNER_STAMP)
 	$(BIN)/python -m minillm.doctor
 
 bench: $(STAMP)

@@ -16,10 +16,27 @@
     The learner's own report on a notebook, a chapter's folder (``work/04_attention``), or
     a chapter number or slug (``NN_slug/NN_slug.ipynb`` in ``./work``, else in the current
     folder, or in ``--work``), exercise by exercise, with the visible checks only.
+    ``check all``: one line per chapter of the work folder.
+
+``python -m autograder feedback OUT [--course DIR]``
+    After manual grading in formgrader: every ``results.json`` and ``feedback.html`` under
+    ``OUT`` gets the final score, the written answers' grades and comments included.
+
+``python -m autograder gradescope CHAPTER [--root /autograder]``
+    Inside a Gradescope container (``make gradescope``): grade the notebook of
+    ``ROOT/submission/`` and write ``ROOT/results/results.json``.
+
+``python -m autograder update [--work FOLDER]``
+    Bring new or changed chapters into your work folder (default ``./work``), keeping your
+    answer cells and written answers; the old notebooks go to ``FOLDER/.backups/``.
+
+``python -m autograder reset CHAPTER [--work FOLDER]``
+    Give one chapter the untouched release; the old notebook goes to ``FOLDER/.backups/``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from pathlib import Path
@@ -75,9 +92,39 @@ def main(argv=None) -> int:
                        help="the folder holding your chapters' folders, for a chapter number or slug "
                             "(default: ./work, else the current folder)")
     check.add_argument("--cell-timeout", type=_positive_float, default=60.0, help="seconds per cell (default 60)")
+    update = commands.add_parser("update", help="bring new or changed chapters into your work folder, "
+                                                "keeping your answers")
+    update.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                        help="your work folder (default ./work)")
+    reset = commands.add_parser("reset", help="give one chapter of your work folder the untouched release")
+    reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
+    reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                       help="your work folder (default ./work)")
+    final = commands.add_parser("feedback", help="after manual grading: results and feedback with the final scores")
+    final.add_argument("out", type=Path, metavar="OUT", help="the folder a grade run wrote (it holds summary.csv)")
+    final.add_argument("--course", type=Path, help="nbgrader course directory of the gradebook (default OUT/nbgrader)")
+    gradescope = commands.add_parser("gradescope", help="grade the submission of a Gradescope container")
+    gradescope.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
+    gradescope.add_argument("--root", type=Path, default=Path("/autograder"),
+                            help="Gradescope's folder, holding submission/ and results/ (default /autograder)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
+
+    # Commands that finish, or fail with a message naming the bad argument: module, call.
+    simple = {
+        "update": ("workspace", lambda module: module.update(args.work)),
+        "reset": ("workspace", lambda module: module.reset(args.work, args.chapter)),
+        "feedback": ("final", lambda module: module.refresh(args.out, args.course)),
+        "gradescope": ("gradescope", lambda module: module.run(args.chapter, args.root)),
+    }
+    if args.command in simple:
+        name, call = simple[args.command]
+        try:
+            call(importlib.import_module(f".{name}", __package__))
+        except ValueError as error:
+            raise SystemExit(f"error: {error}")
+        return 0
 
     from .sandbox import Limits
 

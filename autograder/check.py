@@ -84,7 +84,7 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
             names |= fact.binds - fact.imports - {analysis.STAR}
     execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names))
     print(f"{slug}: checking {path}", file=stream)
-    checks = {}
+    checks, written = {}, {}
     exercise = 0
     for cell in chapter.cells:
         if cell.kind == "answer":
@@ -107,7 +107,8 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
             print(f"  · {cell.grade_id} ({cell.points:g} points): a hidden check, run when your notebook is graded",
                   file=stream)
         elif cell.kind == "written":
-            state = "answered" if rebuilt.status.get(cell.grade_id) == "answered" else "not answered yet"
+            written[cell.grade_id] = rebuilt.status.get(cell.grade_id) == "answered"
+            state = "answered" if written[cell.grade_id] else "not answered yet"
             print(f"\nWritten answer {cell.grade_id} ({cell.points:g} points, graded by hand): {state}", file=stream)
     notes = [f for f in rebuilt.flags + execution.flags if f["kind"] in SHOWN_FLAGS]
     if notes:
@@ -116,11 +117,44 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
             print(f"  - {note['detail']}", file=stream)
     passed = sum(checks.values())
     print(f"\n{passed} of {len(checks)} visible checks pass.", file=stream)
-    return {"ok": passed == len(checks), "checks": checks}
+    return {"ok": passed == len(checks), "checks": checks, "written": written}
+
+
+def work_folder(work: Path | None) -> Path:
+    """The folder holding the learner's chapters: ``work``, else ./work, else the current folder."""
+    if work is not None:
+        return Path(work).expanduser()
+    return Path("work") if Path("work").is_dir() else Path(".")
+
+
+def report_all(limits: Limits, stream=None, work: Path | None = None) -> dict[str, dict]:
+    """One line per chapter of the work folder: its visible checks and written answers."""
+    import io
+
+    stream = stream or sys.stdout
+    folder = work_folder(work)
+    found = [slug for slug in course.present_slugs() if (folder / slug / f"{slug}.ipynb").is_file()]
+    if not found:
+        raise ValueError(f"argument NOTEBOOK|CHAPTER: no chapter notebooks in {folder.absolute()} "
+                         "(run make lab first, or give --work FOLDER)")
+    outcomes = {}
+    for slug in found:
+        outcome = report(str(folder / slug / f"{slug}.ipynb"), limits, stream=io.StringIO())
+        checks, written = outcome["checks"], outcome.get("written", {})
+        left = sum(not answered for answered in written.values())
+        mark = "✓" if outcome["ok"] and not left else "·"
+        line = f"{mark} {slug}: {sum(checks.values())} of {len(checks)} visible checks pass"
+        if written:
+            line += f", {len(written) - left} of {len(written)} written answers given"
+        print(line, file=stream, flush=True)
+        outcomes[slug] = outcome
+    return outcomes
 
 
 def check_command(target: str, limits: Limits, work: Path | None = None) -> int:
     try:
+        if target == "all":
+            return 0 if all(o["ok"] for o in report_all(limits, work=work).values()) else 1
         outcome = report(target, limits, work=work)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

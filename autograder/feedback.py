@@ -16,6 +16,7 @@ import html
 import io
 import re
 import warnings
+from pathlib import Path
 
 import nbformat
 
@@ -131,9 +132,8 @@ def display_notebook(chapter, notebook, results: dict, verdicts: dict | None) ->
     return shown
 
 
-def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
-    """The feedback page."""
-    shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
+def summary_html(results: dict) -> str:
+    """The page's summary: the score, a row per check, the written answers, the flags."""
     rows = "".join(
         f"<tr><td>{html.escape(t.get('number', ''))}</td><td>{html.escape(t['name'])}</td>"
         f"<td>{t['score']:g} / {t['max_score']:g}</td><td>{html.escape(t['status'])}</td>"
@@ -142,20 +142,68 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
     )
     flags = "".join(f"<li><b>{html.escape(str(f.get('kind')))}</b>: {html.escape(str(f.get('detail', '')))}</li>"
                     for f in results["extra_data"].get("flags", []))
-    manual = "".join(f"<li>{html.escape(m['name'])}: {m['max_score']:g} points, graded by hand</li>"
-                     for m in results["extra_data"].get("manual_grading", []))
-    summary = (
-        f"<section id='grading-summary'><h1>{html.escape(results['output'])}</h1>"
+    manual = "".join(_manual_line(m) for m in results["extra_data"].get("manual_grading", []))
+    return (
+        f"<section id='grading-summary' class='learner-text'><h1>{html.escape(results['output'])}</h1>"
         f"<table border='1' cellpadding='4'><tr><th>#</th><th>check</th><th>points</th><th>status</th>"
         f"<th>why</th></tr>{rows}</table>"
         + (f"<h2>Written answers</h2><ul>{manual}</ul>" if manual else "")
         + (f"<h2>Notes from the grader</h2><ul>{flags}</ul>" if flags else "")
         + "</section>"
     )
+
+
+def _manual_line(item: dict) -> str:
+    if item.get("score") is None:
+        return f"<li>{html.escape(item['name'])}: {item['max_score']:g} points, graded by hand</li>"
+    comment = f"<pre>{html.escape(item['comment'])}</pre>" if item.get("comment") else ""
+    return f"<li>{html.escape(item['name'])}: {item['score']:g} / {item['max_score']:g}, graded by hand{comment}</li>"
+
+
+SUMMARY_SECTION = re.compile(r"<section id='grading-summary'.*?</section>", re.S)
+
+
+def with_summary(page: str, results: dict) -> str:
+    """``page`` (a feedback page this module wrote) with its summary written anew from ``results``."""
+    return SUMMARY_SECTION.sub(lambda _: summary_html(results), page, count=1)
+
+
+def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> str:
+    """The feedback page."""
+    shown = display_notebook(chapter, notebook, results, verdicts) if notebook is not None else None
+    summary = summary_html(results)
     if shown is None:
-        return f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{summary}</body></html>"
+        return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{SUMMARY_STYLE}</head>"
+                f"<body>{summary}</body></html>")
     body, _ = _exporter().from_notebook_node(shown)
-    return _insert(body, summary)
+    return _insert(_with_vendored_mathjax(body), summary)
+
+
+MATHJAX = Path(__file__).resolve().parent / "vendor" / "mathjax" / "tex-svg.js"
+NBCONVERT_MATHJAX = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
+# Math is typeset in the course's own text only (the master's markdown cells): the summary,
+# code and every output are skipped, and MathJax never looks inside <pre> or <code>, where
+# written answers are shown.
+MATHJAX_CONFIG = """<script>
+window.MathJax = {
+  tex: {inlineMath: [["$", "$"], ["\\(", "\\)"]], displayMath: [["$$", "$$"], ["\\[", "\\]"]],
+        processEscapes: true},
+  options: {ignoreHtmlClass: "learner-text|jp-OutputArea|jp-InputArea", processHtmlClass: "jp-RenderedMarkdown"},
+  svg: {fontCache: "global"}
+};
+</script>"""
+SUMMARY_STYLE = ("<style>#grading-summary pre {white-space: pre-wrap; overflow-wrap: anywhere; margin: 0}"
+                 " #grading-summary td {vertical-align: top}</style>")
+
+
+def _with_vendored_mathjax(page: str) -> str:
+    """``page`` with nbconvert's MathJax (a CDN) replaced by the vendored copy, inline, and
+    without its require.js (a CDN too), so the feedback file works on its own, offline."""
+    page = re.sub(r"<script src=\"https?://[^\"]*require[^\"]*\"></script>", "", page)  # nothing here uses it
+    script = MATHJAX.read_text(encoding="utf-8").replace("</script", "<\\/script")
+    head = f"{MATHJAX_CONFIG}\n<script>{script}</script>\n{SUMMARY_STYLE}"
+    page, found = NBCONVERT_MATHJAX.subn(lambda _: head, page, count=1)
+    return page if found else page.replace("</head>", head + "</head>", 1)
 
 
 _EXPORTER = None

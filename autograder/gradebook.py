@@ -162,6 +162,18 @@ class CourseGradebook:
             return {grade.name: grade.score for grade in notebook.grades}
 
 
+    def marks(self, chapter_slug: str, student: str) -> dict[str, tuple[float | None, str]]:
+        """grade_id → (score, the instructor's comment) as nbgrader holds them: the manual
+        score where one was given, the automatic one otherwise; None for a cell that still
+        awaits its manual grade."""
+        with self.gradebook() as gb:
+            notebook = gb.find_submission_notebook(chapter_slug, chapter_slug, student)
+            comments = {c.name: c.manual_comment or "" for c in notebook.comments}
+            return {grade.name: (None if grade.manual_score is None and grade.auto_score is None else float(grade.score),
+                                 comments.get(grade.name, ""))
+                    for grade in notebook.grades}
+
+
 def _collected_time(folder: Path):
     """The submission time in a folder ``nbgrader collect`` filled (a notebook beside its
     ``timestamp.txt``; the grader writes only the latter), else None."""

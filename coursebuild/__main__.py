@@ -3,7 +3,9 @@
 Commands: ``notebooks`` (sources → solution notebooks, executed for outputs),
 ``package``, ``release``, ``manifest``, ``all`` (the four in order), ``check`` (exit 1 when
 a committed file differs from what the build writes), ``bundle --upto NN [--due MM]`` (a
-student bundle in --out, see coursebuild/bundle.py). CHAPTER is a slug or its number.
+student bundle in --out, see coursebuild/bundle.py), ``gradescope NN`` (the chapter's
+Gradescope autograder zip in --out, see coursebuild/gradescope.py). CHAPTER is a slug or
+its number.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import nbformat
 from tqdm.auto import tqdm
 
-from . import bundle, execute, manifest, notebooks, package, paths, release
+from . import bundle, execute, gradescope, manifest, notebooks, package, paths, release
 
 
 def build_notebooks(slugs, run: bool) -> None:
@@ -88,12 +90,13 @@ def check(slugs) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m coursebuild", description=__doc__)
-    parser.add_argument("command", choices=["notebooks", "package", "release", "manifest", "all", "check", "bundle"])
+    parser.add_argument("command", choices=["notebooks", "package", "release", "manifest", "all", "check", "bundle",
+                                            "gradescope"])
     parser.add_argument("chapters", nargs="*", help="slugs or numbers (default: every chapter)")
     parser.add_argument("--execute", action="store_true", help="notebooks: run them for outputs")
     parser.add_argument("--upto", help="bundle: the last chapter handed out (slug or number)")
     parser.add_argument("--due", help="bundle: the last chapter already due (default: the one before --upto; 'none')")
-    parser.add_argument("--out", type=Path, default=paths.ROOT / "dist", help="bundle: where it goes (default: dist/)")
+    parser.add_argument("--out", type=Path, default=paths.ROOT / "dist", help="bundle, gradescope: where it goes (default: dist/)")
     args = parser.parse_intermixed_args(argv)
     if args.command == "bundle":
         if not args.upto:
@@ -103,6 +106,15 @@ def main(argv=None) -> int:
         except (ValueError, FileExistsError) as error:
             parser.error(str(error))
         print(f"wrote {folder} and {folder.with_suffix('.zip').name}")
+        return 0
+    if args.command == "gradescope":
+        if len(args.chapters) != 1:
+            parser.error("gradescope needs one chapter: python -m coursebuild gradescope NN")
+        try:
+            archive = gradescope.build(args.chapters[0], args.out)
+        except (ValueError, FileExistsError) as error:
+            parser.error(str(error))
+        print(f"wrote {archive}: upload it as the assignment's autograder (it holds the solutions: keep it private)")
         return 0
     slugs = paths.resolve_slugs(args.chapters)
     if args.command in ("notebooks", "all"):

@@ -188,14 +188,17 @@ def _copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
 
 
-def write_zip(folder: Path) -> Path:
-    """``folder`` as a zip beside it, byte-identical for identical contents."""
+def write_zip(folder: Path, *, inside_folder: bool = True, executable: tuple[str, ...] = ()) -> Path:
+    """``folder`` as a zip beside it, byte-identical for identical contents: its files under
+    the folder's name, or at the zip's top (``inside_folder=False``). ``executable``: paths,
+    relative to ``folder``, stored with the executable bit."""
     archive = folder.with_suffix(".zip")
     partial = archive.with_suffix(".zip.partial")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as bundle:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            info = zipfile.ZipInfo(f"{folder.name}/{path.relative_to(folder).as_posix()}", ZIP_DATE)
-            info.external_attr = 0o644 << 16
+            name = path.relative_to(folder).as_posix()
+            info = zipfile.ZipInfo(f"{folder.name}/{name}" if inside_folder else name, ZIP_DATE)
+            info.external_attr = (0o755 if name in executable else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             bundle.writestr(info, path.read_bytes())
     partial.replace(archive)

@@ -22,7 +22,7 @@ CELLS = [
     ("markdown", "# Fixture chapter\nTwo small exercises."),
     ("code", "import os\nimport numpy as np\nimport torch\nprint('set up')"),
     ("code", '#| export minillm/fixture_ref.py\n"""The fixture\'s reference module."""\nimport torch'),
-    ("markdown", "## Exercise 1 · scale a tensor"),
+    ("markdown", "## Exercise 1 · scale a tensor\nReturn $y = c\\,x$, elementwise:\n$$y_i = c\\,x_i.$$"),
     ("code", "#| answer scale\n#| export minillm/fixture_ref.py\n"
              "def scale(x: torch.Tensor, factor: float) -> torch.Tensor:\n"
              '    """x times factor."""\n'

@@ -97,11 +97,13 @@ def test_torch_and_triton_are_pinned_to_the_wheels_on_disk():
 def test_make_venv_and_environment_yml_install_with_the_constraints():
     makefile = (paths.ROOT / "Makefile").read_text()
     assert "pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'" in makefile
+    assert "pip install --quiet --disable-pip-version-check -c constraints.txt -e .\n" in makefile
     assert re.search(r"^\$\(STAMP\): pyproject.toml constraints.txt$", makefile, re.M)
+    assert re.search(r"^\$\(LEARNER_STAMP\): pyproject.toml constraints.txt$", makefile, re.M)
     env = yaml.safe_load((paths.ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     requirements = [line for line in pip_section if not line.startswith("--")]
-    assert requirements == ["-c constraints.txt", "-e .[test]"], "environment.yml must not keep its own list"
+    assert requirements == ["-c constraints.txt", "-e ."], "environment.yml must not keep its own list"
     (python,) = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python=")]
     assert SpecifierSet(PROJECT["requires-python"]).contains(python.split("=", 1)[1] + ".0")
 

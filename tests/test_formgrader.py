@@ -230,6 +230,20 @@ def test_formgrader_lists_renders_and_keeps_manual_grades(tmp_path, fixture_chap
     # nbgrader export reflects the manual grades, after the re-grade.
     assert _export(course, tmp_path) == expected
 
+    # The learner's final feedback: results and page written anew from the gradebook.
+    from autograder.final import refresh
+
+    [folder] = refresh(out)
+    final = json.loads((folder / "results.json").read_text())
+    assert (final["score"], final["max_score"]) == (expected["bob"], 7.0) and final["output"].endswith("final")
+    tests = {t["name"]: t for t in final["tests"]}
+    assert tests["scale_hidden"]["score"] == 1.0 and tests["scale_hidden"]["output"].startswith("score set by hand")
+    [written] = final["extra_data"]["manual_grading"]
+    assert (written["score"], written["comment"]) == (0.75, "Say which numbers.")
+    page = (folder / "feedback.html").read_text()
+    assert f"{expected['bob']:g} / 7 points, final" in page and "Say which numbers." in page
+    assert BOB_WRITES in page, "the learner's notebook is still on the page"
+
 
 @pytest.mark.grading
 def test_a_folder_nbgrader_collect_filled_keeps_its_submission_time(tmp_path, fixture_chapter):
