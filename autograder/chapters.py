@@ -281,7 +281,13 @@ class Chapter:
 
         Each finding is ``(own, detail)``: ``own`` is true when it reaches the reference of
         a name this very answer must define (the answer is then not the learner's work).
+        An import that the release's own answer cell gives (the package's version of an
+        earlier exercise, so that this one is graded on its own) is the course's, not a find.
         """
+        given = {line.strip() for line in self.by_id[grade_id].learner_source.splitlines()
+                 if line.strip().startswith(("import ", "from "))} if grade_id in self.by_id else set()
+        if given:
+            source = "\n".join(line for line in source.splitlines() if line.strip() not in given)
         tree = analysis.parse(source)
         if tree is None:
             return []
