@@ -143,8 +143,12 @@ def chapter_page(entry: Chapter):
             f"with `make lab`.* Time: about {entry.minutes} minutes.")
     if placeholder():
         note += " The links work once the repository is published."
-    first = 1 if cells and cells[0].cell_type == "markdown" else 0
-    cells.insert(first, nbformat.v4.new_markdown_cell(note, id="book-launch-links"))
+    # Under the chapter's title: the title line of its first cell, or the page's top.
+    title, _, rest = cells[0].source.partition("\n") if cells and cells[0].cell_type == "markdown" else ("", "", "")
+    if title.startswith("# "):
+        cells[0].source = f"{title}\n\n{note}\n{rest}"
+    else:
+        cells.insert(0, nbformat.v4.new_markdown_cell(note, id="book-launch-links"))
     page = nbformat.v4.new_notebook(cells=cells, metadata={k: v for k, v in release.metadata.items() if k != "widgets"})
     return page
 
