@@ -219,27 +219,30 @@ def slugify(heading: str) -> str:
 
 
 # ---------------------------------------------------------------- tee errata
-def _heading(cell, level: int) -> str | None:
-    match = re.match(rf"^{'#' * level}\s+(.+)$", cell.source.split("\n", 1)[0]) if cell.cell_type == "markdown" else None
-    return match.group(1).strip() if match else None
-
-
-def tee_checks(page) -> list[tuple[str, list[str]]]:
-    """A chapter page's "Tee check" sections: (text without the heading, the text its code
-    cells printed), in order."""
+def tee_checks(page) -> list[tuple[str, str, list[str]]]:
+    """A chapter page's "Tee check" sections, wherever in a cell their heading stands: (the
+    heading, the text under it, the text its code cells printed), in order."""
     found, current = [], None
     for cell in page.cells:
-        heading = _heading(cell, 2)
-        if heading is not None:
-            current = None
-            if heading.lower().startswith("tee check"):
-                body = cell.source.split("\n", 1)[1].strip() if "\n" in cell.source else ""
-                current = (body, [])
-                found.append(current)
+        if cell.cell_type == "code":
+            if current is not None:
+                current[2].extend("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                                  if o.get("output_type") == "stream")
             continue
-        if current is not None and cell.cell_type == "code":
-            current[1].extend("".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-    return found
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.split("\n"):
+            heading = re.match(r"^##\s+(.+)$", line)
+            if heading:
+                current = None
+                if heading.group(1).strip().lower().startswith("tee check"):
+                    current = (heading.group(1).strip(), [], [])
+                    found.append(current)
+            elif current is not None:
+                current[1].append(line)
+        if current is not None:
+            current[1].append("")  # a cell ends a paragraph
+    return [(heading, "\n".join(text).strip(), printed) for heading, text, printed in found]
 
 
 def tee_errata_page(pages: dict[str, object]) -> str:
@@ -249,12 +252,12 @@ def tee_errata_page(pages: dict[str, object]) -> str:
     for entry in CHAPTERS:
         if entry.slug not in pages:
             continue
-        for body, printed in tee_checks(pages[entry.slug]):
+        for heading, body, printed in tee_checks(pages[entry.slug]):
             lines += [f"## {entry.slug[:2]} · {entry.title}", "", body, ""]
             printed = "".join(printed).strip()
             if printed:
                 lines += ["Measured in the chapter:", "", "```text", printed, "```", ""]
-            lines += [f"[The tee check in chapter {entry.slug[:2]}](chapters/{entry.slug}.ipynb#tee-check)", ""]
+            lines += [f"[The tee check in chapter {entry.slug[:2]}](chapters/{entry.slug}.ipynb#{slugify(heading)})", ""]
     return "\n".join(lines)
 
 

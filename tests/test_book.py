@@ -134,9 +134,21 @@ def test_tee_errata_has_every_chapters_tee_check(site):
         checks = book.tee_checks(nbformat.read(site.parent.parent / "chapters" / f"{slug}.ipynb", as_version=4))
         assert checks, f"{slug} has no Tee check section"
         assert f"The tee check in chapter {slug[:2]}" in text
-        for _, printed in checks:
+        for _, _, printed in checks:
             lines = [line.strip() for line in "".join(printed).splitlines() if line.strip()]
             assert not lines or (lines[0] in text and lines[-1] in text), f"{slug}: what the tee check measured is missing"
+
+
+def test_tee_check_found_wherever_its_heading_stands():
+    new = nbformat.v4
+    page = new.new_notebook(cells=[
+        new.new_markdown_cell("Before.\n\n## Tee check: \"fast\"\n\n> the shirt"),
+        new.new_code_cell("print(1)", outputs=[new.new_output("stream", name="stdout", text="measured 1\n")]),
+        new.new_markdown_cell("What is loose.\n\n## Further reading\n\n- a paper"),
+        new.new_code_cell("print(2)", outputs=[new.new_output("stream", name="stdout", text="not this\n")]),
+    ])
+    assert book.tee_checks(page) == [('Tee check: "fast"', "> the shirt\n\nWhat is loose.", ["measured 1\n"])]
+    assert book.slugify('Tee check: "fast O(1) step decode"') == "tee-check-fast-o1-step-decode"
 
 
 def test_links_come_from_the_repository_setting(tmp_path):
