@@ -45,7 +45,7 @@ OUT = paths.ROOT / "build" / "book"
 MATHJAX = paths.ROOT / "autograder" / "vendor" / "mathjax"
 GRADING = paths.ROOT / "docs" / "grading.md"
 TESTS = paths.ROOT / "tests"
-# Colab opens a notebook of one branch; Binder's HEAD is the default branch, this one.
+# The branch whose notebooks Colab and Binder open.
 BRANCH = "main"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 HIDDEN_ONLY = "# Hidden tests: they run when your notebook is graded."
@@ -86,6 +86,7 @@ def placeholder() -> bool:
 
 
 def present(entry: Chapter) -> bool:
+    """Whether the chapter is written: its learner and solution notebooks exist."""
     return paths.release_notebook(entry.slug).exists() and paths.solution_notebook(entry.slug).exists()
 
 
@@ -198,14 +199,13 @@ def tech_band_page() -> str:
              "it, where it lives in `minillm`, and a test of the course's suite that checks it "
              "(the first that uses the symbol, and how many more do).", "",
              "| term | chapter | section | symbol | checked by |", "| --- | --- | --- | --- | --- |"]
-    numbers = {entry.slug: entry.slug[:2] for entry in CHAPTERS}
     for term in TECH_BAND:
         entry = next(e for e in CHAPTERS if e.slug == term.slug)
         if present(entry):
-            chapter = f"[{numbers[term.slug]} · {entry.title}](chapters/{term.slug}.ipynb)"
+            chapter = f"[{term.slug[:2]}](chapters/{term.slug}.ipynb \"{entry.title}\")"
             section = f"[{term.section}](chapters/{term.slug}.ipynb#{slugify(term.section)})"
         else:
-            chapter, section = f"{numbers[term.slug]} · {entry.title} (in preparation)", term.section
+            chapter, section = f"{term.slug[:2]} (in preparation)", term.section
         tests = tests_of(term.symbol)
         checked = f"`{tests[0]}`" + (f" and {len(tests) - 1} more" if len(tests) > 1 else "") if tests else "no test yet"
         lines.append(f"| {term.term} | {chapter} | {section} | `{term.symbol}` | {checked} |")
@@ -348,6 +348,8 @@ sphinx:
     myst_dmath_double_inline: true
     # Text as written: no curly quotes, so the pages say what the notebooks say.
     smartquotes: false
+    # Long names in code (a test's full name) wrap inside a table's cell.
+    html_css_files: [book.css]
     # Widgets would need JavaScript from a CDN; their outputs are dropped.
     nb_ipywidgets_js: {{}}
     # Without a default colour mode the theme logs an error on every page (its layout reads
@@ -358,6 +360,9 @@ sphinx:
       use_download_button: false
       use_fullscreen_button: false
 """
+
+
+CSS = "table code, table code span.pre { white-space: normal; overflow-wrap: anywhere; }\n"
 
 
 def toc(pages: dict[str, object]) -> str:
@@ -383,6 +388,7 @@ def write_source(src: Path) -> dict[str, object]:
     for name, text in texts.items():
         (src / name).write_text(text, encoding="utf-8")
     shutil.copytree(MATHJAX, src / "_static" / "mathjax")
+    (src / "_static" / "book.css").write_text(CSS, encoding="utf-8")
     return pages
 
 
