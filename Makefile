@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope book notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test      run the whole test suite (as CI does)"
 	@echo "make test-install  check and measure the installs of a fresh machine, and the Colab set-up cell (minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
+	@echo "make book      the textbook website from the notebooks' stored outputs, in build/book/src/_build/html/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
@@ -98,6 +99,12 @@ test-install: $(STAMP)
 # in nats per character and a sample.
 train: $(STAMP)
 	$(BIN)/python -m minillm train --threads 1 --out data/minillm-shakespeare.pt --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
+
+# The textbook website: a Jupyter Book of the chapters as learners get them, with the stored
+# outputs of the solution notebooks (nothing is executed), the Tech Band index, the tee
+# errata and the instructor guide; open build/book/src/_build/html/index.html.
+book: $(STAMP)
+	$(BIN)/python -m coursebuild.book
 
 notebooks: $(STAMP)
 	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)

@@ -5,7 +5,7 @@ import re
 import nbformat
 import pytest
 
-from coursebuild import paths
+from coursebuild import book, paths
 from minillm.coursemap import CHAPTERS, TECH_BAND, chapter
 
 from .conftest import SLUGS
@@ -51,10 +51,15 @@ def test_unknown_chapter_is_an_error():
         chapter("99_nothing")
 
 
-def test_readme_course_map_lists_every_chapter():
+def test_readme_course_map_is_the_generated_table():
+    """README's course map is what `python -m coursebuild.book --course-map` prints: every
+    chapter, its status, and Colab and Binder links for the chapters written."""
     readme = (paths.ROOT / "README.md").read_text()
+    assert book.course_map_table() in readme, (
+        "README's course map differs from `.venv/bin/python -m coursebuild.book --course-map`: paste its output")
     for entry in CHAPTERS:
         row = next((line for line in readme.splitlines() if f"`{entry.slug}`" in line), "")
         assert entry.title in row, f"README's course map lacks {entry.slug} ({entry.title})"
         status = "ready" if entry.slug in SLUGS else "in preparation"
         assert row.rstrip(" |").endswith(status), f"README says the wrong status for {entry.slug}"
+        assert (book.colab_url(entry.slug) in row) == (book.binder_url(entry.slug) in row) == (entry.slug in SLUGS)
