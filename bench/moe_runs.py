@@ -1,7 +1,8 @@
 """Chapter 11's experiments: a mixture of experts against a dense model of equal active size.
 
-    python bench/moe_runs.py                 # the full runs; writes data/moe_runs.json
-    python bench/moe_runs.py --steps 20 --out /tmp/moe_runs.json   # a quick check of the script
+    python bench/moe_runs.py                 # the full runs; writes data/moe_runs.json and data/moe-vs-dense.png
+    python bench/moe_runs.py --figure-only   # only the figure, from the cache
+    python bench/moe_runs.py --steps 20 --seeds 1 --out /tmp/moe_runs.json --figure /tmp/moe.png   # a quick check
 
 On the bundled corpus and the course's model shape (``minillm.recipe``: 4 layers, d_model
 128, RoPE, RMSNorm, SwiGLU, the shipped 2048-token tokenizer), it trains, each with the
@@ -169,6 +170,34 @@ def expert_tokens(model: GPT, val_ids: torch.Tensor, windows: int = 128, top: in
     return result
 
 
+def draw(cache_path: Path, figure_path: Path) -> None:
+    """The held-out loss of every dense and MoE seed against steps and against training FLOPs."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cache = json.loads(Path(cache_path).read_text())
+    runs = cache["runs"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True, layout="constrained")
+    for kind, color, label in (("dense", "tab:blue", "dense, d_ff 352"), ("moe", "tab:orange", "MoE, 8 × d_ff 176, top-2")):
+        names = sorted(name for name in runs if name.startswith(f"{kind}-s"))
+        for i, name in enumerate(names):
+            run = runs[name]
+            tokens = [step * cache["batch_size"] * run["config"]["context_length"] for step in run["val_step"]]
+            shown = label if i == 0 else None
+            axes[0].plot(run["val_step"], run["val_loss"], color=color, alpha=0.8, label=shown)
+            axes[1].plot([t * run["flops_per_token"] / 1e12 for t in tokens], run["val_loss"], color=color, alpha=0.8)
+    axes[0].set_xlabel("optimizer step (batch 8 × 128 tokens)")
+    axes[1].set_xlabel("training compute (TFLOPs)")
+    axes[0].set_ylabel("held-out loss (nats per token)")
+    axes[0].set_ylim(top=7.0)
+    axes[0].legend()
+    fig.suptitle(f"MoE against dense at equal active parameters, {len(names)} seeds each ({cache['command']})",
+                 fontsize=10)
+    fig.savefig(figure_path, dpi=110)
+    print(f"wrote {figure_path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=800)
@@ -176,7 +205,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(data.data_dir() / "moe_runs.json"))
+    parser.add_argument("--figure", default=str(data.data_dir() / "moe-vs-dense.png"),
+                        help="where the loss figure goes (default: %(default)s)")
+    parser.add_argument("--figure-only", action="store_true", help="only draw the figure from the cache in --out")
     args = parser.parse_args(argv)
+    if args.figure_only:
+        draw(Path(args.out), Path(args.figure))
+        return
     start = time.perf_counter()
     _, tokenizer = load_pretrained()
     train_text, val_text = data.split_corpus(data.corpus_text())
@@ -198,6 +233,7 @@ def main(argv=None) -> None:
            "runs": {name: runs[name] for name in configs}}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} in {seconds:.0f} s")
+    draw(Path(args.out), Path(args.figure))
 
 
 if __name__ == "__main__":

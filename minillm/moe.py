@@ -63,8 +63,8 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: i
     probs: (tokens, n_experts), the router's softmax probabilities. experts: (tokens, k)
     int64, the chosen experts. f_i: the fraction of the tokens * k assignments that go to
     expert i (no gradient); P_i: the mean probability of expert i. Returns a 0-dim tensor in
-    probs' dtype, 1 at perfect balance (f_i = P_i = 1/N), up to N when every token goes to
-    one expert with certainty. ``ValueError`` naming ``experts`` for an index outside
+    probs' dtype, 1 at perfect balance (f_i = P_i = 1/N), N / k when every token's
+    probability sits on one expert (N for top-1). ``ValueError`` naming ``experts`` for an index outside
     [0, n_experts) or a first dimension other than probs'.
     """
     if experts.dim() != 2 or experts.shape[0] != probs.shape[0]:
@@ -288,14 +288,15 @@ class MoEFeedForward(nn.Module):
 
 
 def routing_metrics(model: nn.Module) -> dict[str, float]:
-    """The last forward's routing in every ``MoEFeedForward`` of ``model``, as floats for a log.
+    """The last forward's routing in every MoE layer of ``model``, as floats for a log.
 
-    Keys ``moe{i}/`` (i counts the MoE layers in order) + "dropped", "entropy", "logit_rms",
-    "balance", "z", and "share{e}" (the fraction of assignments that went to expert e,
-    before dropping). Empty when the model has no MoE layer.
+    A layer is any module with a non-empty ``last_stats`` (a ``MoEFeedForward`` after a
+    forward). Keys ``moe{i}/`` (i counts the MoE layers in order) + "dropped", "entropy",
+    "logit_rms", "balance", "z", and "share{e}" (the fraction of assignments that went to
+    expert e, before dropping). Empty when the model has no MoE layer.
     """
     metrics: dict[str, float] = {}
-    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward) and m.last_stats]
+    layers = [m for m in model.modules() if vars(m).get("last_stats")]  # vars: nn.Module's getattr is slow
     for i, layer in enumerate(layers):
         stats = layer.last_stats
         for name in ("dropped", "entropy", "logit_rms", "balance", "z"):
