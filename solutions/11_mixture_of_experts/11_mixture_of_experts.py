@@ -35,7 +35,7 @@
 # **Prerequisites:** chapter 05 (`SwiGLU`, the FFN registry, `ffn_options`), chapter 07
 # (`GPT`, `train`, the auxiliary-loss convention of `GPT.forward`).
 #
-# **Time:** about 35 minutes of reading, 40 minutes of exercises (four coded, one written).
+# **Time:** about 25 minutes of reading, 50 minutes of exercises (five coded, one written).
 #
 # **How the exercises work.** Each exercise has an answer cell (replace
 # `raise NotImplementedError()` with your code), a *visible test* that explains what is
@@ -138,7 +138,7 @@ from minillm.ffn import FFNS, build_ffn, default_d_ff
 # when not; and the experts' indices (int64). Raise a `ValueError` naming `top_k` unless
 # `1 <= top_k <= n_experts`, and one naming `logits` unless it is 2-D.
 #
-# Difficulty ●○○ · Importance ●●● · about 10 minutes
+# Difficulty ●○○ · Importance ●●● · about 5 minutes
 #
 # <details><summary>Hint 1</summary><code>torch.topk(x, k, dim=-1)</code> returns the values and the indices, largest first.</details>
 # <details><summary>Hint 2</summary>Take the top k of the <em>probabilities</em>, not of the logits, when you want the weights; the indices are the same either way, since the softmax keeps the order. <code>torch.softmax</code> is stable for large logits; <code>exp</code> written out is not.</details>
@@ -530,7 +530,7 @@ def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: 
 #
 # No loop over tokens (a loop over the experts is allowed, but not needed).
 #
-# Difficulty ●●● · Importance ●●● · about 20 minutes
+# Difficulty ●●● · Importance ●●● · about 15 minutes
 #
 # <details><summary>Hint 1</summary><code>flat = experts.T.reshape(-1)</code>; <code>order = torch.argsort(flat, stable=True)</code> lists the assignments by expert, in queue order within each. Assignment <code>a</code> is token <code>a % T</code>, choice <code>a // T</code>.</details>
 # <details><summary>Hint 2</summary>An assignment's place in its expert's queue is its position in the sorted list minus where its expert's run starts: <code>counts = torch.bincount(flat, minlength=n_experts)</code>, <code>starts = counts.cumsum(0) - counts</code>, <code>place = torch.arange(len(flat)) - starts[flat[order]]</code>.</details>
@@ -654,7 +654,7 @@ print("rows", rows.tolist(), "slots", slots.tolist(), "counts", counts.tolist())
 # a `(n_tokens, d)` tensor in `outputs`' dtype, zero for a token that kept no assignment.
 # `weights` is the router's `(tokens, k)`. No loop over tokens.
 #
-# Difficulty ●●○ · Importance ●●● · about 10 minutes
+# Difficulty ●●○ · Importance ●●● · about 5 minutes
 #
 # <details><summary>Hint 1</summary><code>weights[rows, slots]</code> picks each kept assignment's weight.</details>
 # <details><summary>Hint 2</summary><code>y[rows] += ...</code> does <em>not</em> add up repeated rows (a token with two kept choices keeps only one); <code>y.index_add_(0, rows, values)</code> does.</details>
@@ -1184,6 +1184,8 @@ for name, title in pair:
 # Is this layer collapsing? Say what in the table shows it (compare with a balanced
 # layer's values), why the loss can still be going down, and name two changes you would
 # make, with the reason for each.
+#
+# Difficulty ●●○ · Importance ●●● · about 10 minutes
 
 # %% [markdown]
 # #| written reading_a_utilization_table points=3
@@ -1382,8 +1384,9 @@ for n_experts, top_k, label in ((8, 2, "our MoE / Mixtral: 8 experts, top-2"), (
           + ", ".join(f"{b}: {t:.1f}" for b, t in touched.items()) + f" (of {n_experts})")
 
 # %% [markdown]
-# At a batch of 16 a Mixtral layer reads essentially all 8 experts each step: 2.5 times
-# the bytes of a dense model of its active size, at the same arithmetic. DeepSeek-V3's 256
+# At a batch of 16 a layer of 8 experts with top-2 (ours, Mixtral's) reads 7.9 of its 8
+# experts each step: for our model, 2.5 times the weight bytes of the dense model of equal
+# active size, for the same arithmetic. DeepSeek-V3's 256
 # experts need a batch of a few hundred tokens per layer before every expert is read, which
 # is part of why it is served with expert parallelism over many devices.
 #
