@@ -165,9 +165,12 @@ class KVCache:
         for layer in self.layers:
             for buffer in (layer.k, layer.v):
                 buffer[:, :, :keep] = buffer[:, :, n:length].clone()  # the slices overlap: copy first
-            if moved is not None:
-                layer.k[:, :, :keep] = self.rotary.rotate(layer.k[:, :, :keep], moved)
             layer.length = keep
+        if moved is not None:  # every layer's keys in one rotation: (n_layers * batch, heads, keep, head_dim)
+            keys = torch.cat([layer.k[:, :, :keep] for layer in self.layers])
+            rotated = self.rotary.rotate(keys, moved if moved.dim() == 1 else moved.repeat(len(self.layers), 1))
+            for layer, k in zip(self.layers, rotated.split(self.batch_size)):
+                layer.k[:, :, :keep] = k
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

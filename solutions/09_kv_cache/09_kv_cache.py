@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from minillm import attention as reference_attention
 from minillm import course, data
-from minillm.config import ModelConfig
+from minillm.config import PRESETS, ModelConfig, count_parameters
 from minillm.generate import generate
 from minillm.model import GPT
 from minillm.recipe import load_pretrained, recipe_config
@@ -400,9 +400,12 @@ class KVCache:
         for layer in self.layers:
             for buffer in (layer.k, layer.v):
                 buffer[:, :, :keep] = buffer[:, :, n:length].clone()  # the slices overlap: copy first
-            if moved is not None:
-                layer.k[:, :, :keep] = self.rotary.rotate(layer.k[:, :, :keep], moved)
             layer.length = keep
+        if moved is not None:  # every layer's keys in one rotation: (n_layers * batch, heads, keep, head_dim)
+            keys = torch.cat([layer.k[:, :, :keep] for layer in self.layers])
+            rotated = self.rotary.rotate(keys, moved if moved.dim() == 1 else moved.repeat(len(self.layers), 1))
+            for layer, k in zip(self.layers, rotated.split(self.batch_size)):
+                layer.k[:, :, :keep] = k
 
 # %% [markdown]
 # Cached and recomputed, compared: the shipped model's logits over 40 tokens of the
@@ -411,7 +414,6 @@ class KVCache:
 # depend on your Exercise 1.)
 
 # %%
-#| stable
 validation_text = data.split_corpus(data.corpus_text())[1]
 ids = torch.tensor([tokenizer.encode(validation_text[:1000])[:40]])
 with torch.no_grad():
@@ -585,7 +587,6 @@ attend_cached = course.keep_going("cached_attention", cached_attention, referenc
 # layer itself run with the package's cache:
 
 # %%
-#| stable
 block = model.blocks[0].attn
 x = torch.randn(1, 6, model.config.d_model)
 with torch.no_grad():
@@ -761,7 +762,7 @@ long_config = recipe_config(2048, context_length=1024)
 torch.manual_seed(0)
 long_model = GPT(long_config).eval()
 contexts = [64, 256, 1024] if QUICK else [64, 128, 256, 512, 768, 1024]
-repeats = 4 if QUICK else 12
+repeats = 4 if QUICK else 15
 
 
 def best_ms(run, repeats):
@@ -818,13 +819,13 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Without a cache the step time grows with the context, nearly in proportion once the
-# context passes a couple of hundred tokens; with it the step is many times cheaper at
-# long contexts (the printed ratio) and much flatter, but not flat. Its attention over
-# the cache follows the dotted line: it grows in proportion to $t$, and the cached step
-# grows by about the same absolute amount. On this small CPU model that growth is still a
-# small share of the step, which is mostly the fixed cost of a forward pass (chapter 07
-# measured it). Count bytes instead of milliseconds and the picture changes: the weights
+# Without a cache the step time grows steadily with the context: every step reruns it.
+# With the cache the step is many times cheaper at long contexts (the printed ratio) and
+# nearly flat, but the attention over the cache is not: it grows with $t$, in proportion
+# to it at long contexts (the dotted line). On this small CPU model it stays a small share
+# of the step (the printed percentage), which is mostly the fixed cost of a forward pass
+# (chapter 07 measured it), and on a busy machine the noise between runs is larger than
+# its growth. Count bytes instead of milliseconds and the picture changes: the weights
 # hold $1.07 \times 10^6$ numbers, and at $t$ = 1,024 the cache holds
 # $2 \times 4 \times 1024 \times 128 \approx 1.05 \times 10^6$: from this length on, every
 # step reads as many cached numbers as weights. That is the Tee check below.
@@ -894,33 +895,35 @@ print(f"prefill runs {decode_ms * 256 / prefill_ms:.0f}x more tokens per second 
 # $$ 2 \cdot n_\text{layers} \cdot \text{batch} \cdot \text{seq} \cdot n_{kv} \cdot d_\text{head} \cdot \text{bytes}. $$
 #
 # Grouped-query attention divides it by $n_\text{heads} / n_{kv}$, multi-query attention
-# by $n_\text{heads}$. For real models, at their full context, batch 1, in 16-bit floats:
+# by $n_\text{heads}$. For real models, at their full context, batch 1, in 16-bit floats,
+# beside their weights in 16-bit floats (chapter 00's `count_parameters`):
 
 # %%
 #| stable
-def config_of(name, d_model, n_layers, n_heads, n_kv_heads, context, d_ff, vocab):
-    return ModelConfig(name=name, vocab_size=vocab, context_length=context, d_model=d_model, n_layers=n_layers,
-                       n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff)
+def llama_like(name, d_model, n_layers, n_heads, n_kv_heads, context, d_ff):
+    return ModelConfig(name=name, vocab_size=32000, context_length=context, d_model=d_model, n_layers=n_layers,
+                       n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, positions="rope", norm="rmsnorm",
+                       ffn="swiglu", bias=False, tie_embeddings=False)
 
 
 real_models = [
-    config_of("GPT-2 (124M)", 768, 12, 12, 12, 1024, 3072, 50257),
-    config_of("Llama-2-7B", 4096, 32, 32, 32, 4096, 11008, 32000),
-    config_of("Llama-2-70B (GQA 8)", 8192, 80, 64, 8, 4096, 28672, 32000),
-    config_of("Mistral-7B (GQA 8)", 4096, 32, 32, 8, 8192, 14336, 32000),
+    PRESETS["gpt2"],
+    llama_like("Llama-2-7B", 4096, 32, 32, 32, 4096, 11008),
+    llama_like("Llama-2-70B (GQA 8)", 8192, 80, 64, 8, 4096, 28672),
+    llama_like("Mistral-7B (GQA 8)", 4096, 32, 32, 8, 8192, 14336),
 ]
-print(f"{'model':22s} {'KiB per token':>14s} {'full context':>13s} {'as MHA':>10s} {'as MQA':>10s}")
+print(f"{'model':20s} {'weights':>9s} {'KiB per token':>14s} {'full context':>13s} {'as MHA':>10s} {'as MQA':>10s}")
 for config in real_models:
     per_token = reference_attention.kv_cache_bytes(config, 1, 1, 2)
     full = reference_attention.kv_cache_bytes(config, 1, config.context_length, 2)
     as_mha = full * config.n_heads // config.n_kv_heads
-    print(f"{config.name:22s} {per_token / 2**10:14.0f} {full / 2**30:10.2f} GiB {as_mha / 2**30:6.2f} GiB "
-          f"{as_mha / config.n_heads / 2**30:6.3f} GiB")
+    print(f"{config.name:20s} {count_parameters(config) * 2 / 1e9:6.1f} GB {per_token / 2**10:14.0f} "
+          f"{full / 2**30:9.2f} GiB {as_mha / 2**30:6.2f} GiB {as_mha / config.n_heads / 2**30:6.3f} GiB")
 
 # %% [markdown]
 # Llama-2-7B needs 512 KiB for every token it keeps, 2 GiB for one full 4,096-token
-# context: a batch of 32 such requests needs 64 GiB of cache, more than the 13.5 GB of its
-# weights in 16 bits. Llama-2-70B has over twice the layers and twice the width, yet with 8 K/V
+# context: a batch of 32 such requests needs 64 GiB of cache, several times its 13.5 GB
+# of weights. Llama-2-70B has over twice the layers and twice the width, yet with 8 K/V
 # heads for its 64 query heads its cache per token is smaller (320 KiB); as plain
 # multi-head attention it would be 8 times that. Mistral-7B keeps 8 K/V heads too, and
 # its sliding window of 4,096 tokens bounds its cache at that length, whatever the
@@ -1031,10 +1034,15 @@ for name, (diversity, logprob, sample) in scores.items():
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
+families = {"greedy and temperature": "C1", "top-k": "C0", "top-p": "C2"}
 for name, (diversity, logprob, _) in scores.items():
-    ax.scatter(logprob, diversity, color="C1" if name.startswith("T=") or name == "greedy" else
-               "C0" if name.startswith("top-k") else "C2")
-    ax.annotate(name, (logprob, diversity), textcoords="offset points", xytext=(5, 3), fontsize=8)
+    family = "top-k" if name.startswith("top-k") else "top-p" if name.startswith("top-p") else "greedy and temperature"
+    ax.scatter(logprob, diversity, color=families[family])
+    ax.annotate(name, (logprob, diversity), textcoords="offset points", fontsize=8,
+                xytext=(5, -11) if family == "top-k" else (5, 4))
+for family, color in families.items():
+    ax.scatter([], [], color=color, label=family)
+ax.legend(loc="lower left", fontsize=8)
 ax.set_xlabel("mean log-probability per token under the model (nats)")
 ax.set_ylabel("distinct bigrams among the samples")
 ax.set_title("Samplers trade likelihood for diversity (shipped model)")
@@ -1046,9 +1054,9 @@ plt.show()
 # judgement, the more it repeats itself. Greedy decoding is the extreme, with the highest
 # likelihood and the most repetition; a high temperature the other extreme, diverse and
 # improbable (the samples above read so). Top-k and top-p trim the tail instead of
-# rescaling it, and with a loose threshold (top-k 40, top-p 0.9) they sit near plain
-# sampling at temperature 1, with a strict one (top-k 5, top-p 0.5) near a low
-# temperature. What the cache changed here is only the cost: each setting's batch was
+# rescaling it: with a loose threshold (top-k 40, top-p 0.9) they sit between
+# temperatures 0.7 and 1, with a strict one (top-k 5, top-p 0.5) closer to greedy than
+# temperature 0.7 is. What the cache changed here is only the cost: each setting's batch was
 # one prefill and a few dozen decode steps.
 #
 # ## Tee check: "fast O(1) step decode"
