@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"nucleus sampling threshold (default: {DEFAULT_TOP_P}, or none when --top-k is given; "
                         "give both to apply top-k, then top-p)")
     g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text (default: %(default)s)")
+    g.add_argument("--threads", type=_positive_int, default=1,
+                   help="CPU threads for torch (default: %(default)s: a decoding step of a small model is too small "
+                        "to share, and extra threads only wait for each other on a busy machine)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     e = commands.add_parser("evaluate", help="validation loss of a trained model, in nats per character",
@@ -205,9 +208,14 @@ def cmd_generate(args) -> None:
     model = training.load_model(model_path)
     tokenizer = BPETokenizer.load(tokenizer_path)
     top_k, top_p = sampling_settings(args.top_k, args.top_p)
-    text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(args.seed),
-                         progress=not args.quiet, **cache_options(model))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:  # restored afterwards: main() also runs inside other programs (the tests)
+        text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                             top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(args.seed),
+                             progress=not args.quiet, **cache_options(model))
+    finally:
+        torch.set_num_threads(saved)
     print(text)
 
 

@@ -7,6 +7,8 @@ from minillm.generate import generate
 from minillm.kvcache import KVCache, LayerKVCache, positions_from_mask
 from minillm.model import GPT, GPTConfig
 
+from .test_generate import _left_padded
+
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]
 
 
@@ -19,16 +21,6 @@ def _gpt(positions="rope", context=24, n_layers=2, n_kv_heads=None, dtype=torch.
 
 def _ids(batch, seq, seed=1):
     return torch.randint(0, 37, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-def _left_padded(prompts, pad=36):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = True
-    return ids, mask
 
 
 @torch.no_grad()

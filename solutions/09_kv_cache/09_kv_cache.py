@@ -50,6 +50,7 @@ from minillm.model import GPT
 from minillm.recipe import load_pretrained, recipe_config
 
 device = course.setup(seed=0)  # this chapter times small models on the CPU, whatever `device` says
+torch.set_num_threads(1)  # its models are small: one thread is as fast, and robust on a busy machine
 QUICK = course.QUICK
 
 # %% [markdown]
@@ -102,21 +103,21 @@ from minillm.positional import POSITIONS
 # a bidirectional encoder cannot be cached at all: a new token changes every earlier
 # token's representation.)
 #
-# A first measurement on chapter 07's shipped model: the same 100 greedy tokens, with
-# and without a cache (chapter 07's simplest one, `use_cache=True`, which concatenates),
+# A first measurement on chapter 07's shipped model: the same greedy tokens (100 of
+# them; 40 in quick mode), with and without a cache (chapter 07's simplest one, `use_cache=True`, which concatenates),
 # are the same tokens, and the time differs.
 
 # %%
 model, tokenizer = load_pretrained()
 prompt = torch.tensor([tokenizer.encode("ROMEO:")])
-with course.one_thread():
-    started = time.perf_counter()
-    plain = generate(model, prompt, 100, temperature=0)
-    recompute_s = time.perf_counter() - started
-    started = time.perf_counter()
-    cached = generate(model, prompt, 100, temperature=0, use_cache=True)
-    cache_s = time.perf_counter() - started
-print(f"same tokens: {torch.equal(plain, cached)}; without a cache {recompute_s * 1000:.0f} ms, "
+n_greedy = 40 if QUICK else 100
+started = time.perf_counter()
+plain = generate(model, prompt, n_greedy, temperature=0)
+recompute_s = time.perf_counter() - started
+started = time.perf_counter()
+cached = generate(model, prompt, n_greedy, temperature=0, use_cache=True)
+cache_s = time.perf_counter() - started
+print(f"{n_greedy} tokens, the same: {torch.equal(plain, cached)}; without a cache {recompute_s * 1000:.0f} ms, "
       f"with chapter 07's cache {cache_s * 1000:.0f} ms ({recompute_s / cache_s:.1f}x)")
 print(tokenizer.decode(cached[0].tolist())[:160])
 
@@ -725,19 +726,20 @@ mask_positions = course.keep_going("positions_from_mask", positions_from_mask, r
 # your function, show why: each row starts counting at its first real token.
 
 # %%
-#| stable
 texts = ["ROMEO:", "JULIET:\nO Romeo, Romeo!", "KING RICHARD III:\nNow is the winter"]
 encoded = [tokenizer.encode(text) for text in texts]
 width = max(len(e) for e in encoded)
 ids = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
 mask = torch.tensor([[False] * (width - len(e)) + [True] * len(e) for e in encoded])
 print("positions of the padded batch:\n", mask_positions(mask))
+n_batch = 12 if QUICK else 30
 batch_cache = reference_kvcache.KVCache.for_model(model, batch_size=3)
-together = generate(model, ids, 30, temperature=0, attention_mask=mask, kv_cache=batch_cache)
+together = generate(model, ids, n_batch, temperature=0, attention_mask=mask, kv_cache=batch_cache)
 for row, e in enumerate(encoded):
-    alone = generate(model, torch.tensor([e]), 30, temperature=0, kv_cache=reference_kvcache.KVCache.for_model(model, 1))
-    print(f"row {row}: same as alone: {torch.equal(together[row, -30:], alone[0, -30:])}; "
-          f"{tokenizer.decode(alone[0, -30:].tolist())[:50]!r}")
+    alone = generate(model, torch.tensor([e]), n_batch, temperature=0,
+                     kv_cache=reference_kvcache.KVCache.for_model(model, 1))
+    print(f"row {row}: same {n_batch} new tokens as alone: {torch.equal(together[row, -n_batch:], alone[0, -n_batch:])}; "
+          f"{tokenizer.decode(alone[0, -n_batch:].tolist())[:40]!r}")
 
 # %% [markdown]
 # ## The cost, measured
@@ -753,16 +755,17 @@ for row, e in enumerate(encoded):
 # To see this, the context must be long. The shipped model's is 128 tokens, so the
 # timings use a **randomly initialized model of the shipped shape** (4 layers, $d$ = 128,
 # 4 heads, vocabulary 2,048) with a context of 1,024: the weights do not change the cost.
-# Each point is the best of several runs on one CPU thread (the least disturbed by whatever
-# else the machine is doing). The attention of the step alone (one query over $t$ cached
-# keys and values, in all four layers) is timed too.
+# Each point is the best of several runs on one CPU thread, as everywhere in this chapter
+# (the best run is the one least disturbed by whatever else the machine is doing). The
+# attention of the step alone (one query over $t$ cached keys and values, in all four
+# layers) is timed too.
 
 # %%
 long_config = recipe_config(2048, context_length=1024)
 torch.manual_seed(0)
 long_model = GPT(long_config).eval()
-contexts = [64, 256, 1024] if QUICK else [64, 128, 256, 512, 768, 1024]
-repeats = 4 if QUICK else 15
+contexts = [64, 1024] if QUICK else [64, 128, 256, 512, 768, 1024]
+repeats = 3 if QUICK else 15
 
 
 def best_ms(run, repeats):
@@ -788,7 +791,7 @@ def cached_step_ms(model, ids, t, repeats):
 
 timings = {"without cache": [], "with cache": [], "attention over the cache": []}
 ids = torch.randint(0, 2048, (1, 1024))
-with torch.no_grad(), course.one_thread():
+with torch.no_grad():
     for t in contexts:
         timings["without cache"].append(best_ms(lambda: long_model(ids[:, :t]), repeats))
         step_time, cache = cached_step_ms(long_model, ids, t, repeats)
@@ -838,7 +841,7 @@ plt.show()
 # several runs, as above):
 
 # %%
-with torch.no_grad(), course.one_thread():
+with torch.no_grad():
     prefill_ms = best_ms(lambda: long_model(ids[:, :256], kv_cache=reference_kvcache.KVCache.for_model(long_model, 1)),
                          repeats)
     decode_ms, _ = cached_step_ms(long_model, ids, 257, repeats)  # the first step after that prompt
@@ -965,32 +968,35 @@ print(f"the model's weights: {sum(p.numel() * p.element_size() for p in model.pa
 #   between half a window and a whole one.
 #
 # `generate` does either for you, asking the cache which: a `KVCache` of a RoPE model
-# rolls. The shipped model (RoPE) past its context, 300 tokens from "ROMEO:":
+# rolls. The shipped model (RoPE) past its context, 300 tokens from "ROMEO:" (140 in
+# quick mode), and then the two ways' next-token distributions compared over the same
+# text, step by step past the context:
 
 # %%
 context = model.config.context_length
-with torch.no_grad(), course.one_thread():
+n_long, n_compared = (140, 6) if QUICK else (300, 40)
+with torch.no_grad():
     started = time.perf_counter()
-    rolled = generate(model, prompt, 300, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0),
+    rolled = generate(model, prompt, n_long, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0),
                       kv_cache=reference_kvcache.KVCache.for_model(model, 1))
     rolled_s = time.perf_counter() - started
     started = time.perf_counter()
-    cropped = generate(model, prompt, 300, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0))
+    cropped = generate(model, prompt, n_long, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0))
     cropped_s = time.perf_counter() - started
     # the next-token distributions of both ways, over the same text, past the context
     cache = reference_kvcache.KVCache.for_model(model, 1)
     model(rolled[:, :context], kv_cache=cache)
     gaps = []
-    for t in range(context, context + 40):
+    for t in range(context, context + n_compared):
         cache.roll(1)
         by_rolling = torch.softmax(model(rolled[:, t:t + 1], kv_cache=cache)[0][0, -1], dim=-1)
         by_cropping = torch.softmax(model(rolled[:, t - context + 1:t + 1])[0][0, -1], dim=-1)
         gaps.append(0.5 * (by_rolling - by_cropping).abs().sum().item())
 same = int((rolled[0] == cropped[0]).cumprod(0).sum()) - prompt.shape[1]
-print(f"rolling cache {rolled_s:.2f} s, cropping without a cache {cropped_s:.2f} s; the first {same} of 300 new "
+print(f"rolling cache {rolled_s:.2f} s, cropping without a cache {cropped_s:.2f} s; the first {same} of {n_long} new "
       f"tokens agree")
 print(f"past the context, the two next-token distributions differ by a total variation distance of "
-      f"{statistics.median(gaps):.4f} (median over 40 steps; largest {max(gaps):.4f})")
+      f"{statistics.median(gaps):.4f} (median over {n_compared} steps; largest {max(gaps):.4f})")
 print(tokenizer.decode(rolled[0, -120:].tolist()))
 
 # %% [markdown]
@@ -1017,10 +1023,10 @@ print(tokenizer.decode(rolled[0, -120:].tolist()))
 settings = {"greedy": dict(temperature=0), "T=0.7": dict(temperature=0.7), "T=1.0": dict(temperature=1.0),
             "T=1.3": dict(temperature=1.3), "top-k 5": dict(top_k=5), "top-k 40": dict(top_k=40),
             "top-p 0.5": dict(top_p=0.5), "top-p 0.9": dict(top_p=0.9)}
-n_samples, n_new = (4, 40) if QUICK else (8, 100)
+n_samples, n_new = (3, 24) if QUICK else (8, 100)
 start = prompt.expand(n_samples, -1)
 scores = {}
-with torch.no_grad(), course.one_thread():
+with torch.no_grad():
     for name, setting in settings.items():
         out = generate(model, start, n_new, generator=torch.Generator().manual_seed(1),
                        kv_cache=reference_kvcache.KVCache.for_model(model, n_samples), **setting)
