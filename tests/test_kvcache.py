@@ -319,8 +319,20 @@ def test_generate_refuses_a_cache_that_is_not_empty():
         generate(model, _ids(1, 2), 3, kv_cache=used)
 
 
-def test_the_command_line_generates_with_the_kv_cache():
+def test_the_command_line_generates_with_the_kv_cache_and_falls_back_without_chapter_09(monkeypatch):
+    import sys
+
+    import minillm
+    from minillm import kvcache
     from minillm.__main__ import cache_options
+    from minillm.course import LEARNER_EXERCISES
 
     options = cache_options(_gpt("rope"))
     assert isinstance(options["kv_cache"], KVCache) and options["kv_cache"].batch_size == 1
+    with monkeypatch.context() as patch:  # a student bundle: chapter 09's exercises are stubs
+        patch.setattr(kvcache, LEARNER_EXERCISES, ("LayerKVCache", "positions_from_mask"), raising=False)
+        assert cache_options(_gpt("rope")) == {"use_cache": True}
+    with monkeypatch.context() as patch:  # a bundle without chapter 09
+        patch.delattr(minillm, "kvcache")
+        patch.setitem(sys.modules, "minillm.kvcache", None)
+        assert cache_options(_gpt("rope")) == {"use_cache": True}
