@@ -6,7 +6,8 @@
   stays as it is; ``make train`` writes into ``data/`` on purpose).
   ``--resume`` continues an interrupted run from its training checkpoint, exactly.
 - ``generate``: continue a prompt with a trained model (by default the shipped one in
-  ``data/``; ``--model build/minillm-shakespeare.pt`` uses the one you trained).
+  ``data/``; ``--model build/minillm-shakespeare.pt`` uses the one you trained), decoding
+  with chapter 09's KV cache.
 - ``evaluate``: the validation loss of a trained model in nats per character.
 
 Run any of them with ``--help`` for the options.
@@ -96,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"nucleus sampling threshold (default: {DEFAULT_TOP_P}, or none when --top-k is given; "
                         "give both to apply top-k, then top-p)")
     g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text (default: %(default)s)")
+    g.add_argument("--threads", type=_positive_int, default=1,
+                   help="CPU threads for torch (default: %(default)s: a decoding step of a small model is too small "
+                        "to share, and extra threads only wait for each other on a busy machine)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     e = commands.add_parser("evaluate", help="validation loss of a trained model, in nats per character",
@@ -204,10 +208,33 @@ def cmd_generate(args) -> None:
     model = training.load_model(model_path)
     tokenizer = BPETokenizer.load(tokenizer_path)
     top_k, top_p = sampling_settings(args.top_k, args.top_p)
-    text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(args.seed),
-                         progress=not args.quiet)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:  # restored afterwards: main() also runs inside other programs (the tests)
+        text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                             top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(args.seed),
+                             progress=not args.quiet, **cache_options(model))
+    finally:
+        torch.set_num_threads(saved)
     print(text)
+
+
+def cache_options(model) -> dict:
+    """generate's cache for one prompt: chapter 09's preallocated ``KVCache`` (it rolls past the
+    context for RoPE and ALiBi) where this installation has that chapter complete, else chapter
+    07's ``ConcatModelCache`` (``use_cache``): a student bundle may lack chapter 09, or hold its
+    exercises as stubs."""
+    from minillm.course import LEARNER_EXERCISES
+
+    try:
+        from minillm import kvcache
+    except ModuleNotFoundError as error:
+        if error.name != "minillm.kvcache":
+            raise
+        return {"use_cache": True}
+    if getattr(kvcache, LEARNER_EXERCISES, ()):
+        return {"use_cache": True}
+    return {"kv_cache": kvcache.KVCache.for_model(model, batch_size=1)}
 
 
 def cmd_evaluate(args) -> None:

@@ -2188,6 +2188,11 @@ prompt is run once and then each new token alone, its keys and values appended t
 cache; both ways give the same tokens. A batch of prompts of different lengths is padded
 on the left, with an ``attention_mask`` (True for the real tokens); each row then gets
 what it gets alone.
+
+Past what a cache holds (the context, or a smaller ``max_len`` of the cache), the cache
+decides: one whose ``rolling`` is true forgets its oldest position (``roll(1,
+attention_mask=...)``, chapter 09's ``KVCache`` for relative positions); any other is
+emptied (``reset()``) and refilled with the last half of the window in one pass.
 """
 import torch
 from tqdm.auto import tqdm
@@ -2201,13 +2206,16 @@ from minillm.sampling import check_sampling_arguments, sample_next
 class ConcatModelCache:
     """The simplest model-wide KV cache: chapter 04's ``ConcatCache`` for each of ``n_layers`` blocks.
 
-    ``length``: the positions it holds; ``layer(i)``: block i's cache. What
-    ``generate(..., use_cache=True)`` uses; chapter 09's ``KVCache`` preallocates instead of
-    concatenating.
+    ``length``: the positions it holds; ``layer(i)``: block i's cache; ``reset()`` empties
+    it. What ``generate(..., use_cache=True)`` uses; chapter 09's ``KVCache`` preallocates
+    instead of concatenating.
     """
 
     def __init__(self, n_layers: int):
         self.layers = [ConcatCache() for _ in range(positive_int("n_layers", n_layers))]
+
+    def reset(self) -> None:
+        self.layers = [ConcatCache() for _ in self.layers]
 
     @property
     def length(self) -> int:
@@ -2227,9 +2235,12 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     model: ``forward(ids)`` returns ``(logits (batch, seq, vocab), loss)``, and
     ``model.config.context_length`` is its context. temperature, top_k, top_p: as in
     ``minillm.sampling.sample_next`` (temperature 0 is greedy). kv_cache: None, or an empty
-    cache accepted by ``model.forward(ids, kv_cache=...)`` (chapter 09); use_cache: with
-    no kv_cache, make a ``ConcatModelCache`` (needs ``model.config.n_layers``). With a
-    cache the context cannot slide: prompt plus new tokens must fit in it.
+    cache accepted by ``model.forward(ids, kv_cache=...)`` (chapter 09's ``KVCache``);
+    use_cache: with no kv_cache, make a ``ConcatModelCache`` (needs
+    ``model.config.n_layers``). A prompt longer than the cache holds (the context, or the
+    cache's ``max_len``) is cropped to its last tokens; past it, the cache rolls or is
+    refilled (see the module's docstring). A cache that can do neither must hold the prompt
+    plus max_new_tokens minus 1.
     attention_mask: None, or a bool tensor of ids' shape, True for real tokens and False
     for the padding on the left of shorter prompts (passed to ``model.forward``, which
     then takes ``attention_mask=``); the new tokens are real.
@@ -2251,9 +2262,11 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     if kv_cache is not None:
         if int(kv_cache.length) != 0:
             raise ValueError(f"kv_cache must be empty, it holds {int(kv_cache.length)} positions")
-        if ids.shape[1] + max_new_tokens - 1 > context:
-            raise ValueError(f"with a kv_cache the context cannot slide: the prompt ({ids.shape[1]} tokens) "
-                             f"plus max_new_tokens ({max_new_tokens}) minus 1 must be <= the context ({context})")
+        capacity = min(context, int(getattr(kv_cache, "max_len", context)))
+        rolls = bool(getattr(kv_cache, "rolling", False))
+        if not rolls and not callable(getattr(kv_cache, "reset", None)) and ids.shape[1] + max_new_tokens - 1 > capacity:
+            raise ValueError(f"this kv_cache can neither roll nor reset, so the prompt ({ids.shape[1]} tokens) plus "
+                             f"max_new_tokens ({max_new_tokens}) minus 1 must be <= what it holds ({capacity})")
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     was_training = model.training
     model.eval()
@@ -2262,10 +2275,21 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
         for step in tqdm(range(max_new_tokens), desc="generating", disable=not progress):
             if kv_cache is None:
                 inputs, extra = out[:, -context:], {} if mask is None else {"attention_mask": mask[:, -context:]}
-            else:  # the whole prompt first, then the newest token alone; the mask covers the cache too
-                inputs, extra = (out if step == 0 else out[:, -1:]), {"kv_cache": kv_cache}
-                if mask is not None:
-                    extra["attention_mask"] = mask
+            else:  # the prompt first, then the newest token alone; the cache holds the positions before them
+                held = int(kv_cache.length)
+                if step == 0:
+                    inputs = out[:, -capacity:]
+                elif held < capacity:
+                    inputs = out[:, -1:]
+                elif rolls:  # forget the oldest position
+                    kv_cache.roll(1, attention_mask=None if mask is None else mask[:, -held - 1:-1])
+                    inputs, held = out[:, -1:], held - 1
+                else:  # start again from the last half of the window
+                    kv_cache.reset()
+                    inputs, held = out[:, -max(1, capacity // 2):], 0
+                extra = {"kv_cache": kv_cache}
+                if mask is not None:  # the mask covers the cached positions and the new ones
+                    extra["attention_mask"] = mask[:, -(held + inputs.shape[1]):]
             logits, _ = model(inputs, **extra)
             next_ids = sample_next(logits[:, -1], **sample)
             out = torch.cat([out, next_ids[:, None].to(out.dtype)], dim=1)
