@@ -17,7 +17,12 @@ the same batches (``BatchSampler``, seed 0), steps and schedule, and is measured
 The runs: full fine-tuning, and LoRA with r in 1, 2, 4, 8, 16 on q, v and on every linear
 map. Writes a JSON (default data/lora_sweep.json) with the command, the settings, the
 base model's numbers, every run and the sweep's time. Usage:
-python bench/lora_sweep.py [--steps 60] [--ranks 1 2 4 8 16] [--out data/lora_sweep.json]
+python bench/lora_sweep.py [--steps 60] [--ranks 1 2 4 8 16] [--threads 1] [--out data/lora_sweep.json]
+
+Every run starts from the same seed and the same data, so the numbers do not depend on
+which runs share a process: ``--only full q,v:1 all:4`` makes some of them (into --out),
+and ``--merge A.json B.json ...`` writes the sweep of the parts, in the usual order, with
+the time of the longest part (they ran side by side).
 """
 from __future__ import annotations
 
@@ -106,13 +111,41 @@ def run(base, tokenizer, task: dict, settings: dict, steps: int, method: str, r:
             **measure(model, tokenizer, task, settings)}
 
 
+def _name(method: str, r: int | None, targets: str | None) -> str:
+    return "full" if method == "full" else f"{targets}:{r}"
+
+
+def merge(parts: list[str], out: str) -> None:
+    """One sweep document from the parts: their runs in the usual order, the commands that made them."""
+    documents = [json.loads(Path(part).read_text()) for part in parts]
+    runs = [run for document in documents for run in document["runs"]]
+    runs.sort(key=lambda run: (run["method"] != "full", list(TARGETS).index(run["targets"]) if run["targets"] else 0,
+                               run["r"] or 0))
+    first = documents[0]
+    for document in documents[1:]:
+        if document["settings"] != first["settings"] or document["steps"] != first["steps"]:
+            raise ValueError(f"the parts were made with other settings: {parts}")
+    document = {**first, "command": "python bench/lora_sweep.py" + (f" --steps {first['steps']}" if first["steps"] != 60 else ""),
+                "made_by": [document["command"] for document in documents] + ["python bench/lora_sweep.py --merge " + " ".join(parts)],
+                "runs": runs, "seconds": max(document["seconds"] for document in documents)}
+    Path(out).write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {out} ({len(runs)} runs)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--out", default=str(data.data_dir() / "lora_sweep.json"))
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: as fast for this model, and robust on a busy machine)")
+    parser.add_argument("--only", nargs="+", help="runs to make: full, q,v:R or all:R")
+    parser.add_argument("--merge", nargs="+", help="parts written with --only, to merge into --out")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
     began = time.perf_counter()
+    torch.set_num_threads(args.threads)
     settings = dict(SETTINGS)
     base, tokenizer = load_pretrained()
     task = task_data(tokenizer, settings)
@@ -120,6 +153,8 @@ def main() -> None:
     print(f"base: held-out {before['held_out']:.3f} nats/char, score {before['score']:.2f}, "
           f"Shakespeare {before['shakespeare']:.3f}", flush=True)
     specs = [("full", None, None)] + [("lora", r, targets) for targets in TARGETS for r in args.ranks]
+    if args.only:
+        specs = [spec for spec in specs if _name(*spec) in args.only]
     runs = []
     for method, r, targets in specs:
         result = run(base, tokenizer, task, settings, args.steps, method, r, targets)

@@ -424,7 +424,8 @@ def pig_latin_word(word: str) -> str:
     else:
         onset = next((i for i, letter in enumerate(lower) if letter in "aeiou"), None)
         if onset is None:
-            onset = lower.find("y", 1) if lower.find("y", 1) > 0 else len(lower)
+            y = lower.find("y", 1)
+            onset = y if y > 0 else len(lower)
         out = lower[onset:] + lower[:onset] + "ay"
     if word.isupper() and len(word) > 1:
         return out.upper()
