@@ -162,7 +162,7 @@ def main() -> None:
         print(f"{method:4s} r={r!s:4s} {targets!s:4s} trainable {100 * result['trainable_share']:6.2f}%  "
               f"held-out {result['held_out']:.3f}  score {result['score']:.2f}  Shakespeare {result['shakespeare']:.3f}  "
               f"{result['seconds_per_step']:.2f} s/step", flush=True)
-    document = {"command": "python bench/lora_sweep.py " + " ".join(sys.argv[1:]), "steps": args.steps,
+    document = {"command": " ".join(["python bench/lora_sweep.py", *sys.argv[1:]]), "steps": args.steps,
                 "settings": settings, "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "machine": platform.machine(), "base": before, "runs": runs,
                 "seconds": round(time.perf_counter() - began, 1)}

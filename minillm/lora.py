@@ -13,7 +13,7 @@
   ``k``, ``v`` (same function, same logits), so that LoRA can target them one by one.
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
-- ``pig_latin(text)`` and ``pig_latin_score(text, words)``: the fine-tuning task, a dialect
+- ``pig_latin(text)`` and ``pig_latin_score(text, vocabulary)``: the fine-tuning task, a dialect
   made by rules, and the share of words a text gets right in it.
 
 Weight decay: ``minillm.train.param_groups`` decays every trainable matrix, so the adapters'
@@ -24,15 +24,13 @@ import dataclasses
 import hashlib
 import math
 import re
-from collections import Counter
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minillm.attention import MultiHeadAttention
 from minillm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from minillm.checks import boolean, number, positive_int, probability
+from minillm.checks import number, positive_int, probability
 from minillm.ffn import FeedForward, SwiGLU
 from minillm.model import GPT, GPTConfig
 
