@@ -19,6 +19,7 @@ import builtins
 import json
 import os
 import random
+import re
 import secrets
 import stat
 import sys
@@ -304,7 +305,11 @@ class Remote:
             frame = frames[-1]
             where = f" (in {str(frame.get('name'))[:80]}, line {frame.get('line')}: {str(frame.get('code'))[:200]})"
         if name == "InPlaceModification":
-            raise student_exception(name, f"your {label}: {message}", f"your {label} changed its argument in place")
+            # The summary is built here, not taken from the message: a learner's own class of
+            # that name could carry anything in it.
+            which = re.match(r"it changed ((?:its argument (?:\d+|\w+=)(?:, )?)+) in place", message)
+            raise student_exception(name, f"your {label}: {message}",
+                                    f"your {label}: it changed {which.group(1) if which else 'an argument'} in place")
         if name == "NotImplementedError":
             message = f"{label} is not implemented yet (it raises NotImplementedError)"
             raise student_exception(name, message, message)

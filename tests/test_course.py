@@ -78,8 +78,15 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     def right(x):
         return 2 * x
 
-    assert course.keep_going("double", broken, stub, check) is broken
+    waiting = course.keep_going("double", broken, stub, check)
+    assert waiting.__wrapped__ is broken and waiting(1) == 3, "a broken answer is kept, behind a stand-in"
     assert stubbed.double is stub
+
+    def raising(x):
+        raise ValueError("not yet")
+
+    with pytest.raises(course.NeedsAnswer, match="needs your `double`"):
+        course.keep_going("double", raising, stub, check)(3)
     assert course.keep_going("double", right, stub, check) is right
     assert stubbed.double is right and importer.double is right
     assert stubbed.twice(3) == 12, "the package's own code runs on the learner's answer"
@@ -93,8 +100,9 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     assert course.keep_going("double", redone, redone, check) is redone
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("double: not working yet (CheckFailed") and "no reference" in out[0]
-    assert out[1] == "double: using your implementation, also inside minillm.fake_chapter"
+    assert out[1].startswith("double: not working yet (ValueError")
     assert out[2] == "double: using your implementation, also inside minillm.fake_chapter"
+    assert out[3] == "double: using your implementation, also inside minillm.fake_chapter"
 
 
 def test_smooth_is_an_exponential_moving_average():
