@@ -46,10 +46,7 @@ def resolve_target(target: str, work: Path | None = None) -> Path:
     except ValueError:
         raise ValueError(f"argument NOTEBOOK|CHAPTER: {target!r} is neither a notebook, a chapter's folder "
                          f"nor a chapter (chapters: {', '.join(present)})") from None
-    if work is not None:
-        places = [Path(work).expanduser()]
-    else:
-        places = [Path("work"), Path(".")]
+    places = work_places(work)
     for place in places:
         notebook = place / slug / f"{slug}.ipynb"
         if notebook.is_file():
@@ -120,11 +117,10 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
     return {"ok": passed == len(checks), "checks": checks, "written": written}
 
 
-def work_folder(work: Path | None) -> Path:
-    """The folder holding the learner's chapters: ``work``, else ./work, else the current folder."""
-    if work is not None:
-        return Path(work).expanduser()
-    return Path("work") if Path("work").is_dir() else Path(".")
+def work_places(work: Path | None) -> list[Path]:
+    """Where the learner's chapters may be, in order: ``work`` alone when given, else
+    ./work, then the current folder (a learner's ``~/work`` itself)."""
+    return [Path(work).expanduser()] if work is not None else [Path("work"), Path(".")]
 
 
 def report_all(limits: Limits, stream=None, work: Path | None = None) -> dict[str, dict]:
@@ -132,7 +128,8 @@ def report_all(limits: Limits, stream=None, work: Path | None = None) -> dict[st
     import io
 
     stream = stream or sys.stdout
-    folder = work_folder(work)
+    places = work_places(work)
+    folder = next((place for place in places if place.is_dir()), places[0])
     found = [slug for slug in course.present_slugs() if (folder / slug / f"{slug}.ipynb").is_file()]
     if not found:
         raise ValueError(f"argument NOTEBOOK|CHAPTER: no chapter notebooks in {folder.absolute()} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import functools
 import html
 import io
 import re
@@ -196,12 +197,18 @@ SUMMARY_STYLE = ("<style>#grading-summary pre {white-space: pre-wrap; overflow-w
                  " #grading-summary td {vertical-align: top}</style>")
 
 
+@functools.cache
+def _mathjax_head() -> str:
+    """The vendored MathJax (2 MB), its configuration and the summary's style: read once a process."""
+    script = MATHJAX.read_text(encoding="utf-8").replace("</script", "<\\/script")
+    return f"{MATHJAX_CONFIG}\n<script>{script}</script>\n{SUMMARY_STYLE}"
+
+
 def _with_vendored_mathjax(page: str) -> str:
     """``page`` with nbconvert's MathJax (a CDN) replaced by the vendored copy, inline, and
     without its require.js (a CDN too), so the feedback file works on its own, offline."""
     page = re.sub(r"<script src=\"https?://[^\"]*require[^\"]*\"></script>", "", page)  # nothing here uses it
-    script = MATHJAX.read_text(encoding="utf-8").replace("</script", "<\\/script")
-    head = f"{MATHJAX_CONFIG}\n<script>{script}</script>\n{SUMMARY_STYLE}"
+    head = _mathjax_head()
     page, found = NBCONVERT_MATHJAX.subn(lambda _: head, page, count=1)
     return page if found else page.replace("</head>", head + "</head>", 1)
 

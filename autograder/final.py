@@ -29,11 +29,10 @@ def final_results(graded: dict, marks: dict[str, tuple[float | None, str]]) -> d
             test["output"] = (f"score set by hand: {score:g} / {test['max_score']:g}"
                               + (f" ({comment})" if comment else "") + (f"; {test['output']}" if test["output"] else ""))
             test["score"] = score
-    waiting = 0
-    for item in final["extra_data"].get("manual_grading", []):
+    manual = final["extra_data"].get("manual_grading", [])
+    for item in manual:
         item["score"], item["comment"] = marks.get(item["name"], (None, ""))
-        waiting += item["score"] is None
-    manual = [m for m in final["extra_data"].get("manual_grading", [])]
+    waiting = sum(item["score"] is None for item in manual)
     final["score"] = sum(t["score"] for t in final["tests"]) + sum(m["score"] or 0.0 for m in manual)
     final["max_score"] = sum(t["max_score"] for t in final["tests"]) + sum(m["max_score"] for m in manual)
     slug = final["extra_data"].get("chapter", "")
