@@ -5,7 +5,7 @@ starts fast. When the grader runs as root it is started by ``unshare`` in new ne
 mount and PID namespaces; then it brings up the loopback interface (the namespace's only
 one), builds a new root file system that holds only what the
 learner's code needs (system libraries, the Python installation and virtual environment,
-the course package, the course data, and the sandbox folder), mounts a fresh ``/proc``,
+the course package (or the view of it that the spec lays over it), the course data, and the sandbox folder), mounts a fresh ``/proc``,
 ``/tmp`` and ``/dev``, and drops to an unprivileged user. In every case it sets the
 resource limits, closes inherited file descriptors, and replaces the environment with the
 spec's before it executes the command.
@@ -36,9 +36,9 @@ def mount(source, target, fstype, flags, data=None):
         raise OSError(error, f"mount {source} on {target}: {os.strerror(error)}")
 
 
-def bind(path, root, writable=False, device=False):
-    """Bind ``path`` at the same place under ``root`` (symbolic links are recreated)."""
-    target = root + path
+def bind(path, root, writable=False, device=False, at=None):
+    """Bind ``path`` at the same place under ``root``, or at ``at`` (symbolic links are recreated)."""
+    target = root + (at or path)
     if os.path.islink(path):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if not os.path.lexists(target):
@@ -74,6 +74,8 @@ def build_root(spec):
     mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_bytes']},mode=1777")
     for path in spec["read_only"]:
         bind(path, root)
+    for path, at in spec.get("overlays", ()):
+        bind(path, root, at=at)
     for path in spec["writable"]:
         bind(path, root, writable=True)
     os.makedirs(root + "/dev", exist_ok=True)

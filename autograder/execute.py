@@ -128,6 +128,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
     started = time.monotonic()
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
+    sandbox.show_package_view(chapter)
     private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
     os.chmod(private, 0o700)
     claim(private)

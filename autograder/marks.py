@@ -35,6 +35,13 @@ def export_target(source: str) -> str | None:
     return match.group(1) if match else None
 
 
+def export_body(source: str) -> str:
+    """What an export cell's ``source`` writes into its module: all but the export line,
+    without the solution marks."""
+    lines = source.split("\n")[1:]
+    return "\n".join(line for line in lines if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END)).strip("\n")
+
+
 def is_hidden_test(source: str) -> bool:
     """Whether a test cell's ``source`` holds a hidden part."""
     return HIDDEN_BEGIN in source

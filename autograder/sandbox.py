@@ -10,7 +10,8 @@ What the sandbox gives the learner's process, strongest first:
   (a new network namespace whose only interface is its own loopback, up: the learner's
   processes can talk to each other on 127.0.0.1 and reach nothing else), its own PID namespace (it sees
   only its own processes, and all of them die with it), a new root file system holding
-  only the system, the Python installation, the course package and data and the sandbox
+  only the system, the Python installation, the course package (as the graded chapter's
+  view of it, `autograder.view`) and data and the sandbox
   folder (no solutions, hidden tests, gradebook, other submissions or results), and an
   unprivileged user id of its own.
 
@@ -476,6 +477,7 @@ class Sandbox:
         for folder in (self.work, self.req, self.rep, self.kernel_dir):
             folder.mkdir(mode=0o755 if folder == self.req else 0o700)
         self.uid = self.gid = None
+        self.overlays: list[tuple[str, str]] = []
         self.pid = None  # the kernel's process, set by whoever starts it
         self.share_kind = cpu_share() if self.isolation.namespaces and jobs > 1 else CpuShare("none", reason="one job")
         self.cgroup = ""
@@ -511,6 +513,16 @@ class Sandbox:
         }
         self._seed_matplotlib_cache()
 
+    def show_package_view(self, chapter) -> None:
+        """Lay the package as :mod:`autograder.view` builds it for grading ``chapter`` over
+        the real package, so the real files are out of the learner's reach. Without
+        namespaces there is no private root to lay it in (``no-filesystem-isolation``)."""
+        if self.isolation.namespaces:
+            from . import view
+
+            package = Path(_package_paths()[0])
+            self.overlays = [(str(view.write(chapter, package, self.base / "view")), str(package))]
+
     def _seed_matplotlib_cache(self) -> None:
         """Copy the grader's matplotlib font list, so each sandbox need not rebuild it (seconds)."""
         try:
@@ -542,7 +554,7 @@ class Sandbox:
             "uid": self.uid, "gid": self.gid, "cwd": str(self.work), "env": self.env,
             "rlimits": self.rlimits(), "connection_file": connection_file,
             "isolate_files": self.isolation.namespaces, "loopback": self.isolation.namespaces, "root": str(self.base / "rootfs"),
-            "read_only": read_only_paths(), "writable": [str(self.share)], "tmp_bytes": self.limits.tmp,
+            "read_only": read_only_paths(), "overlays": self.overlays, "writable": [str(self.share)], "tmp_bytes": self.limits.tmp,
             "pidns_file": str(self.base / "pidns") if self.isolation.namespaces else None,
             "cgroup": self.cgroup or None,
         }

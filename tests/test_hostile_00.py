@@ -3,7 +3,7 @@ import pytest
 
 from autograder.chapters import Chapter
 from autograder.grade import grade_files
-from autograder.sandbox import Limits
+from autograder.sandbox import Limits, isolation
 
 from . import grading_fixture as fx
 
@@ -31,6 +31,17 @@ def _grade(root):
                       "self_attention": "from minillm import history\nself_attention = history.self_attention",
                       "attention_parameters": "import minillm.config as c\n"
                                               "def attention_parameters(config):\n    return c.attention_parameters(config)"},
+        # The reference by a name made at run time, and by running the package's source read
+        # from disk: neither name is in the answer, so only the package view can stop them.
+        "hidden_reference": {**WRONG,
+                             "rnn_forward": "import importlib\nref = importlib.import_module('minillm.' + 'his' + 'tory')\n"
+                                            "def rnn_forward(x, W_xh, W_hh, b_h):\n    return ref.rnn_forward(x, W_xh, W_hh, b_h)\n",
+                             "self_attention": "import minillm, pathlib\nspace = {}\n"
+                                               "exec((pathlib.Path(minillm.__file__).parent / ('his' + 'tory.py')).read_text(), space)\n"
+                                               "def self_attention(x):\n    return space['self_' + 'attention'](x)\n",
+                             "count_parameters": "import importlib\n"
+                                                 "def count_parameters(config):\n"
+                                                 "    return getattr(importlib.import_module('minillm.con' + 'fig'), 'count_' + 'parameters')(config)\n"},
         "patched_helpers": {**WRONG, "rnn_forward": "import numpy, torch\nfrom minillm import course\n"
                             "course.expect_close = course.expect_equal = lambda *a, **k: None\n"
                             "course.close = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
@@ -62,6 +73,16 @@ def test_the_reference_earns_nothing_and_is_flagged(graded):
     flagged = {f["cell"] for f in outcome["extra_data"]["flags"] if f["kind"] == "reference-use"}
     assert {"rnn_forward", "self_attention", "attention_parameters"} <= flagged
     assert all("reference" in t["output"] for t in outcome["tests"] if t["score"] == 0)
+
+
+def test_the_reference_hidden_from_the_scan_finds_only_stubs(graded):
+    """With namespaces the kernel sees the package view: the graded chapter's isolated
+    exercises are stubs there, and later chapters are absent."""
+    if not isolation().namespaces:
+        pytest.skip("without namespaces the grader cannot lay the package view over the package")
+    outcome = graded["hidden_reference"]
+    assert outcome["score"] == 0, [(t["name"], t["output"]) for t in outcome["tests"] if t["score"]]
+    assert not outcome["extra_data"].get("grader_error")
 
 
 @pytest.mark.parametrize("name", ["patched_helpers", "lying_tensor"])
