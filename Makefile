@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope book notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-install train student-bundle catch-up gradescope book solutions notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-install  check and measure the installs of a fresh machine, and the Colab set-up cell (minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make book      the textbook website from the notebooks' stored outputs, in build/book/src/_build/html/"
+	@echo "make solutions  the solution notebooks as pages that work offline, in build/solutions/"
 	@echo "make build     rebuild solution notebooks (executed), package, chapters, manifest"
 	@echo "make package   write minillm/ from the solution notebooks' export cells"
 	@echo "make release   write chapters/ from solutions/ with nbgrader"
@@ -105,6 +106,11 @@ train: $(STAMP)
 # errata and the instructor guide; open build/book/src/_build/html/index.html.
 book: $(STAMP)
 	$(BIN)/python -m coursebuild.book
+
+# The solution notebooks as read-only pages, from their stored outputs: a learner's way to
+# read a solution (the lab is rooted at work/); open build/solutions/index.html.
+solutions: $(LEARNER_STAMP)
+	$(BIN)/python -m coursebuild.solutions
 
 notebooks: $(STAMP)
 	$(BIN)/python -m coursebuild notebooks --execute $(CHAPTERS)

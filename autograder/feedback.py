@@ -177,7 +177,7 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
         return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{SUMMARY_STYLE}</head>"
                 f"<body>{summary}</body></html>")
     body, _ = _exporter().from_notebook_node(shown)
-    return _insert(_with_vendored_mathjax(body), summary)
+    return _insert(with_vendored_mathjax(body), summary)
 
 
 MATHJAX = Path(__file__).resolve().parent / "vendor" / "mathjax" / "tex-svg.js"
@@ -204,11 +204,12 @@ def _mathjax_head() -> str:
     return f"{MATHJAX_CONFIG}\n<script>{script}</script>\n{SUMMARY_STYLE}"
 
 
-def _with_vendored_mathjax(page: str) -> str:
-    """``page`` with nbconvert's MathJax (a CDN) replaced by the vendored copy, inline, and
-    without its require.js (a CDN too), so the feedback file works on its own, offline."""
-    page = re.sub(r"<script src=\"https?://[^\"]*require[^\"]*\"></script>", "", page)  # nothing here uses it
-    head = _mathjax_head()
+def with_vendored_mathjax(page: str, src: str | None = None) -> str:
+    """``page`` (nbconvert's HTML) with its MathJax (a CDN) replaced by the vendored copy, and
+    without its require.js (a CDN too, which nothing here uses), so that it works offline:
+    inline, so the file works on its own, or loaded from ``src``, a path beside the page."""
+    page = re.sub(r"<script src=\"https?://[^\"]*require[^\"]*\"></script>", "", page)
+    head = _mathjax_head() if src is None else f'{MATHJAX_CONFIG}\n<script src="{html.escape(src)}"></script>'
     page, found = NBCONVERT_MATHJAX.subn(lambda _: head, page, count=1)
     return page if found else page.replace("</head>", head + "</head>", 1)
 

@@ -50,7 +50,6 @@ class Command:
     doc: str
     where: str                # "repository" or "anywhere"
     activate: bool            # run in a shell where .venv was activated
-    block: tuple[str, ...]    # the fenced block it came from, from this line on
 
 
 def _sentence(text: str, start: int, end: int) -> str:
@@ -72,10 +71,9 @@ def from_markdown(name: str) -> list[Command]:
             steps = [s for s in (re.split(r"\s{2,}#\s", b.strip())[0].strip() for b in body)
                      if s and not s.startswith("#")]
             if fence in ("bash", "sh"):
-                for i, step in enumerate(steps):
+                for step in steps:
                     where = "repository" if not grading or step.startswith("make ") else "anywhere"
-                    found.append(Command(step, name, where, grading and not step.startswith("make "),
-                                         tuple(steps[i:])))
+                    found.append(Command(step, name, where, grading and not step.startswith("make ")))
             else:
                 assert not (fence in ("", "console", "shell") and steps and steps[0].startswith(COMMAND_WORDS)), (
                     f"{name}: a block of commands must be marked ```bash: {steps[0]!r}")
@@ -92,7 +90,7 @@ def from_markdown(name: str) -> list[Command]:
         repository = (not grading or span.startswith("make ")
                       or "repository" in _sentence(flat, match.start(), match.end()))
         found.append(Command(span, name, "repository" if repository else "anywhere",
-                             grading and not span.startswith("make "), ()))
+                             grading and not span.startswith("make ")))
     return found
 
 
@@ -106,7 +104,7 @@ def from_make_help() -> list[Command]:
         assert match, f"make help: a line that names no command: {line!r}"
         head, description = match.groups()
         example = re.search(r"(make \S+(?: [A-Z_]+=\S+)+)", description)
-        found.append(Command(example.group(1) if example else head, "make help", "repository", False, ()))
+        found.append(Command(example.group(1) if example else head, "make help", "repository", False))
     return found
 
 
@@ -130,9 +128,7 @@ def table() -> dict[str, dict]:
 def test_every_documented_command_has_an_entry_and_every_entry_a_command():
     commands = {c.text: c for c in documented()}
     entries = table()
-    covered = {line for c in commands.values() if entries.get(c.text, {}).get("reduced") == "block"
-               for line in c.block}
-    missing = sorted(set(commands) - set(entries) - covered)
+    missing = sorted(set(commands) - set(entries))
     stale = sorted(set(entries) - set(commands))
     assert not missing, f"documented commands with no entry in {TABLE.name}: {missing}"
     assert not stale, f"entries of {TABLE.name} that no document shows: {stale}"
@@ -173,18 +169,7 @@ def _run(command: Command, entry: dict, cwd: Path, tmp: Path, env: dict) -> tupl
     activate = command.activate or entry.get("activate", False)
     script = command.text
     reduced = entry.get("reduced")
-    if reduced == "block":
-        script = "\n".join(command.block)
-        for old, new in entry.get("replace", {}).items():
-            script = script.replace(old, _fill(new, tmp))
-        fake = tmp / "autograder"
-        (fake / "submission").mkdir(parents=True, exist_ok=True)
-        (fake / "results").mkdir(exist_ok=True)
-        if not (fake / "source").exists():
-            (fake / "source").symlink_to(ROOT)
-        shutil.copy2(ROOT / "chapters" / SUBMISSION_SLUG / f"{SUBMISSION_SLUG}.ipynb", fake / "submission")
-        script = "set -e\n" + script
-    elif reduced is not None and reduced != "server":
+    if reduced is not None and reduced != "server":
         script = _fill(reduced, tmp)
     if activate:
         script = f"source {shlex.quote(str(VENV_BIN / 'activate'))}\n{script}"
