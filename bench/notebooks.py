@@ -1,13 +1,20 @@
-"""Time every solution notebook in quick mode (and, with --full, in full mode).
+"""Time every solution notebook in quick mode (and, with --full, in full mode), and measure
+the peak memory of its kernel.
 
     python bench/notebooks.py [--full] [CHAPTER ...]
 
 The course's budget: under 30 s per notebook in quick mode (COURSE_QUICK=1), under
-2 minutes in full mode, on 2 CPU cores. Prints a table; asserts nothing.
+2 minutes in full mode, on 2 CPU cores. Each run has a fresh process of its own, so the
+peak resident memory of its children (the kernel, and any process the kernel started and
+waited for) is that notebook's alone: the figure to size a learner's server by
+(docs/grading.md). Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,26 +25,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from coursebuild import execute, notebooks, paths  # noqa: E402
 
 
-def seconds(slug: str, quick: bool) -> float:
+def run_here(slug: str, quick: bool) -> dict:
+    """Execute the chapter in this process: its seconds, and its children's peak memory (MiB)."""
     notebook = notebooks.build_notebook(slug)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         execute.execute(notebook, Path(tmp), quick=quick)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def measure(slug: str, quick: bool) -> dict:
+    """:func:`run_here` in a fresh process."""
+    done = subprocess.run([sys.executable, __file__, "--one", slug, *([] if quick else ["--full"])],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*")
     parser.add_argument("--full", action="store_true", help="also time full mode")
+    parser.add_argument("--one", metavar="CHAPTER", help=argparse.SUPPRESS)  # measure() runs itself with it
     args = parser.parse_args()
-    print(f"{'chapter':26s} {'quick (s)':>10s} {'budget':>7s}" + (f" {'full (s)':>10s} {'budget':>7s}" if args.full else ""))
+    if args.one:
+        print(json.dumps(run_here(args.one, quick=not args.full)))
+        return
+    header = f"{'chapter':26s} {'quick (s)':>10s} {'budget':>7s} {'peak MiB':>9s}"
+    print(header + (f" {'full (s)':>10s} {'budget':>7s} {'peak MiB':>9s}" if args.full else ""))
     for slug in paths.resolve_slugs(args.chapters):
-        quick = seconds(slug, quick=True)
-        row = f"{slug:26s} {quick:10.1f} {'ok' if quick < 30 else 'OVER':>7s}"
+        quick = measure(slug, quick=True)
+        row = f"{slug:26s} {quick['seconds']:10.1f} {'ok' if quick['seconds'] < 30 else 'OVER':>7s} {quick['peak_mib']:9.0f}"
         if args.full:
-            full = seconds(slug, quick=False)
-            row += f" {full:10.1f} {'ok' if full < 120 else 'OVER':>7s}"
+            full = measure(slug, quick=False)
+            row += f" {full['seconds']:10.1f} {'ok' if full['seconds'] < 120 else 'OVER':>7s} {full['peak_mib']:9.0f}"
         print(row, flush=True)
 
 

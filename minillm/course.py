@@ -372,6 +372,28 @@ def report_skipped(error: Exception, bound: tuple[str, ...] = ()) -> None:
     _SKIPPED_NAMES.update(bound)
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+           ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _cell_names(body: list[ast.stmt]) -> set[str]:
+    """The names a cell's statements bind in the notebook: assignments, loop and ``with``
+    targets, imports, functions and classes; not the names local to a function, a class
+    body or a comprehension."""
+    names, stack = set(), list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        if not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
 class SkipUnsolved(ast.NodeTransformer):
     """Student bundles: a cell that runs into an unsolved exercise (``NotImplementedError``)
     prints one line instead of a traceback, and so does a later cell that needs a name the
@@ -386,10 +408,7 @@ class SkipUnsolved(ast.NodeTransformer):
     def visit_Module(self, node: ast.Module) -> ast.Module:
         if not node.body or any(isinstance(s, ast.ImportFrom) and s.module == "__future__" for s in node.body):
             return node
-        bound = sorted({target.id for stmt in node.body for target in ast.walk(stmt)
-                        if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)}
-                       | {stmt.name for stmt in node.body
-                          if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))})
+        bound = sorted(_cell_names(node.body))
         body, last = list(node.body), None
         if isinstance(body[-1], ast.Expr):
             last = body.pop().value

@@ -211,3 +211,25 @@ def test_a_hidden_check_shows_a_constant_assert_message_but_not_a_formatted_one(
     assert isinstance(echoed, ValueError) and hidden_reason(echoed, source) == "your f raised ValueError"
     assert hidden_reason(TypeError("unsupported operand 4.25"), source) == "TypeError while checking what your code returned"
     assert hidden_reason(_failure(course.expect_equal, 17, 42, "count"), source) == "count: values differ"
+
+
+def test_a_skipped_cell_claims_only_the_names_it_binds_in_the_notebook(capsys):
+    """SkipUnsolved: a later cell that needs a name the skipped cell would have bound prints
+    one line; a name local to that cell's function is no such name, and stays a NameError."""
+    import ast
+
+    def unsolved():
+        raise NotImplementedError()
+
+    cell = ("import math as m\ndef helper():\n    local_only = 1\n    return local_only\n"
+            "squares = [inside for inside in range(3)]\nfor row in range(2):\n    pass\nvalue = unsolved()\n")
+    namespace = {"unsolved": unsolved, course.SkipUnsolved.REPORT: course.report_skipped}
+    course._SKIPPED_NAMES.clear()
+    exec(compile(course.SkipUnsolved().visit(ast.parse(cell)), "<cell>", "exec"), namespace)
+    assert course._SKIPPED_NAMES == {"m", "helper", "squares", "row", "value"}
+    later = compile(course.SkipUnsolved().visit(ast.parse("print(value)")), "<cell>", "exec")
+    exec(later, namespace)
+    assert "skipped: this cell needs `value`" in capsys.readouterr().out
+    with pytest.raises(NameError):
+        exec(compile(course.SkipUnsolved().visit(ast.parse("print(local_only)")), "<cell>", "exec"), namespace)
+    course._SKIPPED_NAMES.clear()
