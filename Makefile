@@ -13,7 +13,7 @@ help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
 	@echo "make instructor-lab  JupyterLab with nbgrader's instructor tools: make instructor-lab LAB_DIR=graded/nbgrader"
 	@echo "make test      run the whole test suite (as CI does)"
-	@echo "make test-install  check and measure the installs of a fresh machine, and the Colab set-up cell (minutes)"
+	@echo "make test-install  a fresh clone: its installs measured, every documented command run in it, the Colab set-up cell (minutes)"
 	@echo "make train     train the course's model (about 7 minutes on a laptop CPU) into data/"
 	@echo "make book      the textbook website from the notebooks' stored outputs, in build/book/src/_build/html/"
 	@echo "make solutions  the solution notebooks as pages that work offline, in build/solutions/"
@@ -90,8 +90,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
-# The installs a fresh machine makes, measured (the learner's and the full one), and the Colab
-# set-up cell in a new runtime that keeps its own torch (several minutes; not part of `make test`).
+# A fresh machine: a clone of HEAD, its installs measured (the learner's, then the full one, in
+# the clone's one .venv), every documented command run as written in that clone, and the Colab
+# set-up cell in a new runtime that keeps its own torch (many minutes; not part of `make test`).
 test-install: $(STAMP)
 	MINILLM_TEST_INSTALL=1 $(BIN)/python -m pytest -p no:xdist -s tests/test_install.py tests/test_colab.py $(PYTEST_ARGS)
 
