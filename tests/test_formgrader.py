@@ -279,19 +279,25 @@ def test_a_folder_nbgrader_collect_filled_keeps_its_submission_time(tmp_path, fi
         assert api.get_submission(fx.SLUG, student)["autograded"], f"formgrader would show {student} as not graded"
 
 
-@pytest.mark.grading
-def test_a_moved_gradebook_exports_and_opens_where_it_now_is(tmp_path, fixture_chapter):
+def _graded_written_answer(tmp_path, fixture_chapter, student: str, written: str):
+    """The folder where the grader put a solved submission of ``student`` whose written answer is ``written``."""
     master, chapter = fixture_chapter
     subs = tmp_path / "subs"
-    fx.write(fx.submission(chapter, {WRITTEN: ALICE_WRITES}, solved=True),
-             subs / "submitted" / "alice" / fx.SLUG / f"{fx.SLUG}.ipynb")
-    first = tmp_path / "first"
-    grade_files([subs], first, master=master)
+    fx.write(fx.submission(chapter, {WRITTEN: written}, solved=True),
+             subs / "submitted" / student / fx.SLUG / f"{fx.SLUG}.ipynb")
+    out = tmp_path / "graded"
+    grade_files([subs], out, master=master)
+    return out
+
+
+@pytest.mark.grading
+def test_a_moved_gradebook_exports_and_opens_where_it_now_is(tmp_path, fixture_chapter):
+    first = _graded_written_answer(tmp_path, fixture_chapter, "alice", ALICE_WRITES)
     config = (first / "nbgrader" / "nbgrader_config.py").read_text()
     assert str(tmp_path) not in config, "the course directory's settings name no absolute path"
     moved = tmp_path / "elsewhere" / "graded"
     moved.parent.mkdir()
-    (first).rename(moved)                          # the old folder is gone: nothing can read it
+    first.rename(moved)                            # the old folder is gone: nothing can read it
     course = moved / "nbgrader"
     assert _export(course, tmp_path) == {"alice": 6.0}
 
@@ -326,12 +332,7 @@ HOSTILE_WRITTEN = (f"<script>window.{browser.MARK} = 'script'; alert('script')</
 def test_a_hostile_written_answer_runs_no_script_in_formgrader(tmp_path, fixture_chapter):
     """formgrader renders the stored written answer on the instructor's logged-in origin:
     the answer is shown as text and none of its markup runs, in a real browser."""
-    master, chapter = fixture_chapter
-    subs = tmp_path / "subs"
-    fx.write(fx.submission(chapter, {WRITTEN: HOSTILE_WRITTEN}, solved=True),
-             subs / "submitted" / "mallory" / fx.SLUG / f"{fx.SLUG}.ipynb")
-    out = tmp_path / "out"
-    grade_files([subs], out, master=master)
+    out = _graded_written_answer(tmp_path, fixture_chapter, "mallory", HOSTILE_WRITTEN)
     with Formgrader(out / "nbgrader", tmp_path) as fg:
         [notebook] = fg.get(f"/formgrader/api/submitted_notebooks/{fx.SLUG}/{fx.SLUG}")
         with browser.page() as tab:
