@@ -87,7 +87,7 @@ instructor-lab: $(STAMP)
 # and --dist loadfile sends each notebook whole to one worker (plain --dist load would
 # split its cells across two kernels).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile solutions $(PYTEST_ARGS)
 
 # A fresh machine: a clone of HEAD, its installs measured (the learner's, then the full one, in
