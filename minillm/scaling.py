@@ -20,14 +20,17 @@ counts the same). ``inference_flops`` is one forward step of a new token over a 
 
 Fits: ``fit_power_law(n, loss)`` fits L(N) = a N^(-alpha) + c with standard errors from
 the fit's covariance, and warns (``UnpinnedOffsetWarning``) when the data cannot pin down
-c. ``fit_isoflop(compute, n, loss)`` finds the loss-optimal size of each compute budget
-(a parabola in log N, Chinchilla's approach 2) and fits N_opt = k C^a.
+c; ``power_law_exponent`` fits a and alpha for a given c, ``predict_loss`` extrapolates.
+``fit_isoflop(compute, n, loss)`` finds the loss-optimal size of each compute budget (a
+parabola in log N, Chinchilla's approach 2) and fits N_opt = k C^a. ``allreduce_bytes``:
+what data-parallel training sends each step.
 """
 import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
 from minillm.checks import non_negative_int, positive_int
 from minillm.model import GPTConfig, count_parameters
@@ -88,6 +91,21 @@ def tokens_for_compute(config: GPTConfig, compute: float, seq_len: int | None = 
     if not isinstance(compute, (int, float)) or isinstance(compute, bool) or not compute > 0:
         raise ValueError(f"compute must be a positive number of FLOPs, got {compute!r}")
     return int(compute // training_flops(config, 1, seq_len))
+
+
+def power_law_exponent(n, loss, c: float = 0.0) -> tuple[float, float]:
+    """(a, alpha) of the least-squares line log(L - c) = log a - alpha log N through the
+    points (n[i], loss[i]): 1-d, the same length, at least 2 points, every loss above c."""
+    n = np.asarray(n, dtype=np.float64)
+    loss = np.asarray(loss, dtype=np.float64)
+    if n.ndim != 1 or loss.shape != n.shape:
+        raise ValueError(f"n and loss must be 1-d of the same length, got shapes {n.shape} and {loss.shape}")
+    if not np.all(n > 0) or len(np.unique(n)) < 2:
+        raise ValueError("n must hold positive sizes, at least two different ones")
+    if not np.all(loss > c):
+        raise ValueError(f"every loss must be above c={c}: log(loss - c) is undefined otherwise")
+    slope, intercept = np.polyfit(np.log(n), np.log(loss - c), 1)
+    return float(math.exp(intercept)), float(-slope)
 
 
 class ScalingFitWarning(UserWarning):
@@ -195,6 +213,14 @@ def fit_power_law(n, loss, *, c: float | None = None) -> PowerLawFit:
                        c_std=float(c_std), c_pinned=bool(pinned), rms_relative_error=math.sqrt(sse / len(n)))
 
 
+def predict_loss(n, loss, n_new: float) -> float:
+    """The loss of a model of ``n_new`` parameters that L = a N^-alpha + c, fitted to the sizes
+    ``n`` and their losses ``loss`` (``fit_power_law``), predicts."""
+    if isinstance(n_new, bool) or not isinstance(n_new, (int, float)) or not n_new > 0:
+        raise ValueError(f"n_new must be a positive number of parameters, got {n_new!r}")
+    return float(fit_power_law(n, loss)(n_new))
+
+
 def isoflop_minimum(n, loss) -> float:
     """The loss-optimal size of one compute budget: the minimum of a parabola in log N fitted
     to the sizes ``n`` and their losses (Hoffmann et al., 2022, approach 2). At least 3
@@ -254,3 +280,11 @@ def fit_isoflop(compute, n, loss) -> IsoFLOPFit:
         std = math.sqrt(np.sum(residual ** 2) / (len(x) - 2) / np.sum((x - x.mean()) ** 2))
     return IsoFLOPFit(budgets=tuple(float(b) for b in budgets), n_opt=tuple(float(v) for v in n_opt),
                       exponent=float(exponent), exponent_std=float(std), coefficient=float(math.exp(intercept)))
+
+
+def allreduce_bytes(model: nn.Module) -> int:
+    """The bytes of gradients that data-parallel training all-reduces each step for ``model``:
+    every parameter that requires a gradient, once, at its element size."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
