@@ -30,10 +30,10 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from torch import nn
+import torch
 
 from minillm.checks import non_negative_int, positive_int
-from minillm.model import GPTConfig, count_parameters
+from minillm.model import GPT, GPTConfig, count_parameters
 
 
 def training_flops_6nd(config: GPTConfig, tokens: int) -> int:
@@ -282,9 +282,15 @@ def fit_isoflop(compute, n, loss) -> IsoFLOPFit:
                       exponent=float(exponent), exponent_std=float(std), coefficient=float(math.exp(intercept)))
 
 
-def allreduce_bytes(model: nn.Module) -> int:
-    """The bytes of gradients that data-parallel training all-reduces each step for ``model``:
-    every parameter that requires a gradient, once, at its element size."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+def allreduce_bytes(config: GPTConfig, bytes_per_element: int = 4, frozen=()) -> int:
+    """The bytes of gradients that data-parallel training all-reduces each step for
+    ``GPT(config)``: every parameter once, except those whose name starts with a string of
+    ``frozen``, at ``bytes_per_element`` bytes each."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    positive_int("bytes_per_element", bytes_per_element)
+    with torch.device("meta"):
+        model = GPT(config)
+    prefixes = tuple(frozen)
+    return bytes_per_element * sum(p.numel() for name, p in model.named_parameters()
+                                   if not (prefixes and name.startswith(prefixes)))

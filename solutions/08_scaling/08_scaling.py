@@ -94,10 +94,10 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from torch import nn
+import torch
 
 from minillm.checks import non_negative_int, positive_int
-from minillm.model import GPTConfig, count_parameters
+from minillm.model import GPT, GPTConfig, count_parameters
 
 # %% [markdown]
 # ## What training costs: $6ND$
@@ -1032,53 +1032,62 @@ for size in sorted({run["non_embedding"] for run in lr_runs}):
 #
 # ### Exercise 5 · What is all-reduced
 #
-# Write `allreduce_bytes(model)`: the bytes that DDP all-reduces every step for `model` (an
-# `nn.Module`), as an `int`: the gradient of every parameter that requires one, each
-# parameter once (a tied weight is one tensor, with one gradient), in the parameter's own
-# element size. Buffers (such as a fixed position table) have no gradient and are not
-# all-reduced; frozen parameters (`requires_grad=False`) neither. `TypeError` unless
-# `model` is an `nn.Module`.
+# Write `allreduce_bytes(config, bytes_per_element=4, frozen=())`: the bytes that DDP
+# all-reduces every step when it trains `GPT(config)` with parameters of
+# `bytes_per_element` bytes (4 for float32, 2 for bfloat16), as an `int`. That is the
+# gradient of every parameter that requires one, each parameter once: a tied weight is one
+# tensor with one gradient. Buffers (such as a fixed sinusoidal table) have no gradient and
+# are not all-reduced, and neither are frozen parameters: those whose name (in
+# `model.named_parameters()`) starts with one of the strings in `frozen`. Build the model
+# on the meta device (`with torch.device("meta"): model = GPT(config)`), which allocates
+# nothing. `TypeError` unless `config` is a `GPTConfig`; `ValueError` naming
+# `bytes_per_element` unless it is an int $\ge 1$.
 #
 # Difficulty ●○○ · Importance ●●○ · about 5 minutes
 #
-# <details><summary>Hint 1</summary><code>model.parameters()</code> yields a shared parameter once; <code>model.buffers()</code> are not in it.</details>
-# <details><summary>Hint 2</summary><code>sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)</code></details>
+# <details><summary>Hint 1</summary><code>model.named_parameters()</code> yields a shared parameter once; <code>model.buffers()</code> are not in it. <code>name.startswith(tuple(frozen))</code> tests every prefix at once.</details>
+# <details><summary>Hint 2</summary><code>sum(p.numel() for name, p in model.named_parameters() if not name.startswith(tuple(frozen))) * bytes_per_element</code></details>
 
 # %%
 #| answer allreduce_bytes
 #| export minillm/scaling.py
-def allreduce_bytes(model: nn.Module) -> int:
-    """The bytes of gradients that data-parallel training all-reduces each step for ``model``:
-    every parameter that requires a gradient, once, at its element size."""
+def allreduce_bytes(config: GPTConfig, bytes_per_element: int = 4, frozen=()) -> int:
+    """The bytes of gradients that data-parallel training all-reduces each step for
+    ``GPT(config)``: every parameter once, except those whose name starts with a string of
+    ``frozen``, at ``bytes_per_element`` bytes each."""
     ### BEGIN SOLUTION
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    positive_int("bytes_per_element", bytes_per_element)
+    with torch.device("meta"):
+        model = GPT(config)
+    prefixes = tuple(frozen)
+    return bytes_per_element * sum(p.numel() for name, p in model.named_parameters()
+                                   if not (prefixes and name.startswith(prefixes)))
     ### END SOLUTION
 
 # %%
 #| test allreduce_bytes_visible points=1
 def check_allreduce_bytes(count_bytes):
-    """A tied GPT, a model with a frozen part and a buffer, and half precision."""
-    config = GPTConfig(vocab_size=100, context_length=16, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+    """A tied GPT with a sinusoidal table, a frozen block, half precision, and the errors."""
+    config = GPTConfig(vocab_size=100, context_length=16, d_model=32, n_layers=2, n_heads=2, d_ff=64,
                        positions="sinusoidal")
     model = GPT(config)
     unique = sum(p.numel() for p in model.parameters())
     everything = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
     buffers = sum(b.numel() for b in model.buffers())
-    got = count_bytes(model)
-    course.expect_equal(got, 4 * unique, "allreduce_bytes of a tied GPT with a sinusoidal table (float32)",
+    course.expect_equal(count_bytes(config), 4 * unique, "allreduce_bytes of a tied GPT with a sinusoidal table",
                         mistakes={"parameters counted, not bytes (4 a float32)": unique,
                                   "the tied weight counted twice (it is one tensor with one gradient)": 4 * everything,
                                   "buffers counted (they have no gradient)": 4 * (unique + buffers)},
-                        hint="sum numel() * element_size() over model.parameters() that require a gradient")
-    frozen = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 3))
-    frozen[0].requires_grad_(False)
-    course.expect_equal(count_bytes(frozen), 4 * 33, "a model whose first layer is frozen",
-                        mistakes={"frozen parameters counted": 4 * 143})
-    course.expect_equal(count_bytes(torch.nn.Linear(8, 4).half()), 2 * 36, "a float16 layer",
-                        mistakes={"4 bytes assumed for every element": 4 * 36})
-    course.expect_raises(TypeError, count_bytes, [torch.zeros(3)], what="allreduce_bytes(a list of tensors)")
+                        hint="sum numel() over model.named_parameters(), times bytes_per_element")
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    course.expect_equal(count_bytes(config, 4, ("blocks.0.",)), 4 * (unique - block), "with blocks.0 frozen",
+                        mistakes={"frozen parameters counted": 4 * unique})
+    course.expect_equal(count_bytes(config, 2), 2 * unique, "bfloat16 (2 bytes an element)",
+                        mistakes={"4 bytes assumed for every element": 4 * unique})
+    course.expect_raises(ValueError, count_bytes, config, 0, match="bytes_per_element", what="bytes_per_element=0")
+    course.expect_raises(TypeError, count_bytes, {"d_model": 32}, what="allreduce_bytes(a dict)")
 
 
 check_allreduce_bytes(allreduce_bytes)
@@ -1091,26 +1100,24 @@ print("allreduce_bytes: visible test passed")
 for _ in range(3):
     width = 8 * int(torch.randint(1, 5, ()))
     config = GPTConfig(vocab_size=int(torch.randint(20, 200, ())), context_length=16, d_model=width,
-                       n_layers=int(torch.randint(1, 3, ())), n_heads=2, d_ff=2 * width,
+                       n_layers=int(torch.randint(1, 4, ())), n_heads=2, d_ff=2 * width,
                        tie_embeddings=bool(torch.randint(0, 2, ())), positions="learned")
-    model = GPT(config)
-    if bool(torch.randint(0, 2, ())):
-        model.blocks[0].requires_grad_(False)
-    dtype = [torch.float32, torch.float64, torch.bfloat16][int(torch.randint(0, 3, ()))]
-    model = model.to(dtype)
-    expected = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    got = allreduce_bytes(model)
+    model = GPT(config)  # small: a real one is as quick as the meta device
+    frozen = ("blocks.0.", "final_norm") if bool(torch.randint(0, 2, ())) else ()
+    size = int(torch.randint(1, 9, ()))
+    expected = size * sum(p.numel() for name, p in model.named_parameters() if not (frozen and name.startswith(frozen)))
+    got = allreduce_bytes(config, size, frozen)
     assert isinstance(got, int) and not isinstance(got, bool), "allreduce_bytes must return an int"
-    course.expect_equal(got, expected, f"a random GPT in {dtype}, maybe with a frozen block")
-    all_frozen = model.requires_grad_(False)
-    course.expect_equal(allreduce_bytes(all_frozen), 0, "a model with every parameter frozen")
+    course.expect_equal(got, expected, f"a random GPT, {size} bytes an element, frozen {frozen}")
+    course.expect_equal(allreduce_bytes(config, size, [""]), 0, "every parameter frozen (the empty prefix)")
+course.expect_raises(ValueError, allreduce_bytes, config, 2.0, match="bytes_per_element", what="a float element size")
 course.expect_raises(TypeError, allreduce_bytes, None, what="allreduce_bytes(None)")
 ### END HIDDEN TESTS
 
 # %%
 gradient_bytes = course.keep_going("allreduce_bytes", allreduce_bytes, reference_scaling.allreduce_bytes,
                                    check_allreduce_bytes)
-print(f"the shipped model's shape all-reduces {gradient_bytes(GPT(recipe_config(2048))) / 1e6:.2f} MB a step")
+print(f"the shipped model's shape all-reduces {gradient_bytes(recipe_config(2048)) / 1e6:.2f} MB a step in float32")
 
 # %% [markdown]
 # ### Two processes against one, live
