@@ -77,12 +77,11 @@ def training_flops(config: GPTConfig, tokens: int, seq_len: int | None = None) -
 def inference_flops(config: GPTConfig, context: int) -> int:
     """The FLOPs of one forward step for one new token that attends over ``context``
     positions (itself included; a KV cache holds the others): 2 N + 4 n_layers context d_attn."""
-    if not isinstance(config, GPTConfig):
-        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    dense = training_flops_6nd(config, 1) // 3  # 2 N; it also refuses a config that is no GPTConfig
     positive_int("context", context)
     if context > config.context_length:
         raise ValueError(f"context must be <= the config's context_length ({config.context_length}), got {context}")
-    return training_flops_6nd(config, 1) // 3 + 4 * config.n_layers * context * config.n_heads * config.head_dim
+    return dense + 4 * config.n_layers * context * config.n_heads * config.head_dim
 
 
 def tokens_for_compute(config: GPTConfig, compute: float, seq_len: int | None = None) -> int:

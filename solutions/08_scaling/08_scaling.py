@@ -323,9 +323,9 @@ config = GPTConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_h
 model = GPT(config)
 counted = []
 for batch, seq in ((4, 8), (1, 32)):
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as flop_counter:
         model(torch.randint(0, 64, (batch, seq)), torch.randint(0, 64, (batch, seq)))[1].backward()
-    counted.append(counter.get_total_flops())
+    counted.append(flop_counter.get_total_flops())
 course.expect_equal(attention_training_flops(config, 32, 32) - attention_training_flops(config, 32, 8),
                     counted[1] - counted[0], "what FlopCounterMode sees the longer windows add")
 course.expect_raises(ValueError, attention_training_flops, config, 10, 2.0, match="seq_len", what="a float seq_len")
@@ -353,12 +353,11 @@ def training_flops(config: GPTConfig, tokens: int, seq_len: int | None = None) -
 def inference_flops(config: GPTConfig, context: int) -> int:
     """The FLOPs of one forward step for one new token that attends over ``context``
     positions (itself included; a KV cache holds the others): 2 N + 4 n_layers context d_attn."""
-    if not isinstance(config, GPTConfig):
-        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    dense = training_flops_6nd(config, 1) // 3  # 2 N; it also refuses a config that is no GPTConfig
     positive_int("context", context)
     if context > config.context_length:
         raise ValueError(f"context must be <= the config's context_length ({config.context_length}), got {context}")
-    return training_flops_6nd(config, 1) // 3 + 4 * config.n_layers * context * config.n_heads * config.head_dim
+    return dense + 4 * config.n_layers * context * config.n_heads * config.head_dim
 
 
 def tokens_for_compute(config: GPTConfig, compute: float, seq_len: int | None = None) -> int:
