@@ -126,3 +126,17 @@ def test_the_old_run_flag_would_be_taken_by_torchrun():
     args = parser.parse_args(["--nproc_per_node=2", "-m", "minillm", "train", "--checkpoint", "x.pt", "--grad-accum",
                               "2", "--batch-size", "4"])
     assert args.training_script_args == ["train", "--checkpoint", "x.pt", "--grad-accum", "2", "--batch-size", "4"]
+
+
+def test_grad_accum_on_the_command_line_equals_the_larger_batch(tmp_path):
+    from minillm.__main__ import main
+
+    corpus = _corpus(tmp_path)
+    losses = {}
+    for name, extra in (("whole", ["--batch-size", "4"]), ("accumulated", ["--batch-size", "2", "--grad-accum", "2"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        main(_train_command(folder, corpus, "--steps", "3")[2:] + extra)  # without "-m minillm"
+        losses[name] = load_checkpoint(folder / "model.pt")["train_loss"]
+    assert len(losses["whole"]) == 3
+    assert torch.allclose(torch.tensor(losses["whole"]), torch.tensor(losses["accumulated"]), rtol=0, atol=1e-5)
