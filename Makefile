@@ -31,6 +31,7 @@ help:
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
 	@echo "make constraints  re-resolve the dependencies into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
+	@echo "make sweep     rerun chapter 08's scaling-law lab into data/scaling_sweep.json (under 30 minutes)"
 
 # Installs the course with the exact versions of constraints.txt, and again whenever
 # pyproject.toml or constraints.txt changed since the last install. A learner's commands
@@ -101,6 +102,13 @@ test-install: $(STAMP)
 # in nats per character and a sample.
 train: $(STAMP)
 	$(BIN)/python -m minillm train --threads 1 --out data/minillm-shakespeare.pt --figure data/minillm-shakespeare-loss.png $(TRAIN_ARGS)
+
+# Chapter 08's scaling-law lab: every run of bench/scaling_sweep.py (six sizes on a fixed token
+# budget, the IsoFLOP grid, the learning-rate check), one torch thread; rewrites
+# data/scaling_sweep.json and prints how long it took (under 30 minutes on 2 cores).
+.PHONY: sweep
+sweep: $(STAMP)
+	$(BIN)/python bench/scaling_sweep.py $(SWEEP_ARGS)
 
 # The textbook website: a Jupyter Book of the chapters as learners get them, with the stored
 # outputs of the solution notebooks (nothing is executed), the Tech Band index, the tee

@@ -5,6 +5,11 @@
   model and its tokenizer (by default into ``build/``, so the shipped model in ``data/``
   stays as it is; ``make train`` writes into ``data/`` on purpose).
   ``--resume`` continues an interrupted run from its training checkpoint, exactly.
+  Data-parallel: ``torchrun --nproc_per_node=2 -m minillm train ...`` trains with
+  ``DistributedDataParallel`` (gloo on CPU, nccl on GPUs; ``minillm.distributed``):
+  ``--batch-size`` is the global batch, each process reads its share of every batch, and
+  only rank 0 writes files and prints. The training checkpoint's flag is ``--checkpoint``,
+  not ``--run``: torchrun would take ``--run`` for its own ``--run-path``.
 - ``generate``: continue a prompt with a trained model (by default the shipped one in
   ``data/``; ``--model build/minillm-shakespeare.pt`` uses the one you trained), decoding
   with chapter 09's KV cache.
@@ -58,11 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="where the model goes (default: %(default)s, leaving the shipped model in data/ as it "
                         "is); its tokenizer is written beside it as *-tokenizer.json")
-    t.add_argument("--run", type=Path, default=Path("build") / "minillm-train.pt",
+    t.add_argument("--checkpoint", type=Path, default=Path("build") / "minillm-train.pt",
                    help="the training checkpoint, written as training goes (default: %(default)s)")
-    t.add_argument("--resume", action="store_true", help="continue the run saved in --run")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
     t.add_argument("--steps", type=_positive_int, default=recipe["steps"], help="optimizer steps (default: %(default)s)")
-    t.add_argument("--batch-size", type=_positive_int, default=recipe["batch_size"], help="(default: %(default)s)")
+    t.add_argument("--batch-size", type=_positive_int, default=recipe["batch_size"],
+                   help="the global batch: under torchrun each process takes an equal share (default: %(default)s)")
+    t.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="batches whose gradients one optimizer step averages (default: %(default)s)")
     t.add_argument("--lr", type=float, default=recipe["lr"], help="peak learning rate (default: %(default)s)")
     t.add_argument("--vocab-size", type=_positive_int, default=recipe["vocab_size"], help="(default: %(default)s)")
     t.add_argument("--context", type=_positive_int, default=recipe["context_length"], help="(default: %(default)s)")
@@ -131,40 +139,64 @@ def _model_paths(model: Path | None, tokenizer: Path | None) -> tuple[Path, Path
 
 
 def cmd_train(args) -> None:
+    from minillm import distributed
+
+    launch, device = distributed.init()  # one process, or the group torchrun describes
+    try:
+        distributed.local_batch_size(args.batch_size, launch.world_size)  # refuse a bad launch before any work
+        _train(args, launch, device)
+    finally:
+        distributed.shutdown()
+
+
+def _train(args, launch, device) -> None:
     import torch
 
-    from minillm import data, recipe, train as training
+    from minillm import data, distributed, recipe, train as training
     from minillm.course import plot_history
     from minillm.generate import generate_text
     from minillm.model import GPT
     from minillm.tokenizer import BPETokenizer
 
+    main = launch.rank == 0  # only rank 0 prints and writes
+    say = print if main else (lambda *_, **__: None)
     started = time.time()
     if args.threads:
         torch.set_num_threads(args.threads)
     train_text, val_text = data.split_corpus(_corpus(args.corpus))
-    print(f"corpus: {len(train_text):,d} training and {len(val_text):,d} validation characters", flush=True)
-    tokenizer = BPETokenizer.train(train_text, args.vocab_size, progress=not args.quiet)
+    say(f"corpus: {len(train_text):,d} training and {len(val_text):,d} validation characters", flush=True)
+    # every rank learns the same tokenizer (deterministic), so none waits for a file of another
+    tokenizer = BPETokenizer.train(train_text, args.vocab_size, progress=main and not args.quiet)
     train_ids = torch.tensor(tokenizer.encode(train_text))
     val_ids = torch.tensor(tokenizer.encode(val_text))
-    print(f"tokenizer: {len(tokenizer)} tokens, {len(train_text) / len(train_ids):.2f} characters per token "
-          f"({len(train_ids):,d} training tokens)", flush=True)
+    say(f"tokenizer: {len(tokenizer)} tokens, {len(train_text) / len(train_ids):.2f} characters per token "
+        f"({len(train_ids):,d} training tokens)", flush=True)
     config = recipe.recipe_config(len(tokenizer), context_length=args.context, d_model=args.d_model,
                                   n_layers=args.layers, n_heads=args.heads, dropout=args.dropout,
                                   positions=args.positions, norm=args.norm, ffn=args.ffn)
-    train_config = recipe.recipe_train_config(steps=args.steps, lr=args.lr)
-    torch.manual_seed(args.seed)
+    train_config = recipe.recipe_train_config(steps=args.steps, lr=args.lr, grad_accum_steps=args.grad_accum)
+    torch.manual_seed(args.seed)  # the same initialization on every rank
     model = GPT(config)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params:,d} parameters, {config.n_layers} layers, d_model {config.d_model}, "
-          f"{config.positions}, {config.norm}, {config.ffn}, context {config.context_length} tokens; {train_config.steps} steps of "
-          f"{args.batch_size} x {config.context_length} tokens", flush=True)
-    batches = training.BatchSampler(train_ids, args.batch_size, config.context_length, seed=args.seed)
+    say(f"model: {n_params:,d} parameters, {config.n_layers} layers, d_model {config.d_model}, "
+        f"{config.positions}, {config.norm}, {config.ffn}, context {config.context_length} tokens; {train_config.steps} steps of "
+        f"{args.batch_size * args.grad_accum} x {config.context_length} tokens"
+        + (f" ({args.grad_accum} batches of {args.batch_size} a step)" if args.grad_accum > 1 else "")
+        + (f", data-parallel over {launch.world_size} processes ({launch.world_size} x "
+           f"{args.batch_size // launch.world_size} rows a batch)" if launch.distributed else ""), flush=True)
+    model = distributed.wrap(model, device)
+    if launch.distributed:
+        torch.manual_seed(args.seed + 1 + launch.rank)  # each rank its own dropout draws
+    batches = training.BatchSampler(train_ids, args.batch_size, config.context_length, seed=args.seed,
+                                    rank=launch.rank, world_size=launch.world_size)
     evaluate = training.held_out_loss(val_ids, max_windows=recipe.DEFAULT_RECIPE["eval_windows"],
                                       batch_size=args.batch_size)
-    state = training.TrainState.load(args.run, model, train_config) if args.resume else None
-    history = training.train(model, batches, train_config, evaluate=evaluate, state=state, checkpoint_path=args.run,
-                             progress=not args.quiet).history
+    state = training.TrainState.load(args.checkpoint, model, train_config) if args.resume else None
+    history = training.train(model, batches, train_config, evaluate=evaluate, state=state,
+                             checkpoint_path=args.checkpoint, progress=main and not args.quiet).history
+    if not main:
+        return
+    model = training.unwrap(model)
     total, count = training.token_nll(model, val_ids)
     loss = total / len(val_text)
     minutes = (time.time() - started) / 60
@@ -178,12 +210,13 @@ def cmd_train(args) -> None:
                         train_loss=history["train_loss"], val_step=history["val_step"],
                         val_loss=history["val_loss"], lr=history["lr"], train_config=asdict(train_config),
                         batch_size=args.batch_size, seed=args.seed, chars_per_token=len(val_text) / len(val_ids),
-                        torch_version=str(torch.__version__), torch_threads=torch.get_num_threads(), minutes=minutes)
+                        world_size=launch.world_size, torch_version=str(torch.__version__),
+                        torch_threads=torch.get_num_threads(), minutes=minutes)
     print(f"wrote the model to {out} and its tokenizer to {tokenizer_out}")
     if args.figure:
         plot_history(history).savefig(args.figure, dpi=120)
         print(f"wrote {args.figure}")
-    sample = generate_text(model, tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
+    sample = generate_text(model.cpu(), tokenizer, "ROMEO:", 120, temperature=0.8, top_p=0.95,
                            generator=torch.Generator().manual_seed(0))
     print("\nsample (prompt 'ROMEO:', temperature 0.8, top-p 0.95, seed 0):\n" + sample)
     print(f"\nto talk to this model: python -m minillm generate --model {out} --prompt \"ROMEO:\"")

@@ -19,6 +19,7 @@
 
 The recipe of ``make train`` and the shipped model's files are in ``minillm.recipe``.
 """
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -226,7 +227,10 @@ class TrainConfig:
     lr decays from ``lr`` to ``lr * min_lr_ratio`` by a cosine after ``warmup_steps``.
     Every ``eval_every`` steps (and at step ``steps``) ``train`` calls its ``evaluate``;
     every ``checkpoint_every`` steps (and at its last step) it writes a checkpoint, when it
-    has a path. The batches, and so the batch size, come from the iterator ``train`` is given.
+    has a path. The batches, and so the batch size, come from the iterator ``train`` is given:
+    each optimizer step takes ``grad_accum_steps`` batches from it and averages their
+    gradients (gradient accumulation), so a step sees ``grad_accum_steps`` times the
+    iterator's batch while memory holds only one.
     """
 
     steps: int = 2000
@@ -239,9 +243,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 250
     checkpoint_every: int = 500
+    grad_accum_steps: int = 1
 
     def __post_init__(self):
-        for name in ("steps", "eval_every", "checkpoint_every"):
+        for name in ("steps", "eval_every", "checkpoint_every", "grad_accum_steps"):
             positive_int(name, getattr(self, name))
         if not 0 <= non_negative_int("warmup_steps", self.warmup_steps) <= self.steps:
             raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps!r}")
@@ -418,7 +423,8 @@ def _model_config(model: nn.Module) -> dict | None:
 def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, evaluate=None,
           state: TrainState | None = None, checkpoint_path=None, stop_after: int | None = None,
           progress: bool = True, extra: dict | None = None) -> TrainState:
-    """Train ``model`` for ``config.steps`` optimizer steps, one batch of ``batches`` each.
+    """Train ``model`` for ``config.steps`` optimizer steps, ``config.grad_accum_steps``
+    batches of ``batches`` each (one by default).
 
     model: any module; a ``DistributedDataParallel`` wrapper trains data-parallel (every
     rank calls ``train`` with the same arguments and its own shard of each batch).
@@ -466,14 +472,10 @@ def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, ev
     model.train()
     bar = tqdm(total=last, initial=state.step, desc="training", disable=not (progress and rank == 0))
     while state.step < last:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            raise ValueError(f"batches (a {type(batches).__name__}) ran out after step {state.step} "
-                             f"of {config.steps}") from None
-        loss, metrics = _loss_and_metrics(loss_fn(model, _to_device(batch, device)))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, metrics = _accumulate(model, iterator, loss_fn, device, config.grad_accum_steps,
+                                    f"batches (a {type(batches).__name__}) ran out after step {state.step} "
+                                    f"of {config.steps}")
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         history["lr"].append(optimizer.param_groups[0]["lr"])
         optimizer.step()
@@ -500,6 +502,33 @@ def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, ev
     _record(state, batches, resumable)
     model.eval()
     return state
+
+
+def _accumulate(model: nn.Module, iterator, loss_fn, device, micro_steps: int, ran_out: str):
+    """Backpropagate ``micro_steps`` batches of ``iterator``, each loss divided by
+    ``micro_steps`` so that the summed gradients are those of their mean; return the mean
+    loss and metrics (one batch: its loss and metrics as they are). Under
+    ``DistributedDataParallel`` the gradients are all-reduced once, on the last batch:
+    ``no_sync`` skips the all-reduce of the others."""
+    losses, logged = [], []
+    for micro in range(micro_steps):
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError(ran_out) from None
+        last = micro == micro_steps - 1
+        no_sync = getattr(model, "no_sync", None)
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            loss, metrics = _loss_and_metrics(loss_fn(model, _to_device(batch, device)))
+            (loss if micro_steps == 1 else loss / micro_steps).backward()
+        losses.append(loss.detach())
+        logged.append(metrics)
+    if micro_steps == 1:
+        return loss, metrics
+    if any(set(metrics) != set(logged[0]) for metrics in logged):
+        raise ValueError("loss_fn must give the same numbers for every batch of an accumulated step")
+    mean = {name: sum(float(m[name]) for m in logged) / micro_steps for name in logged[0]}
+    return torch.stack(losses).mean(), mean
 
 
 def _restore(state: TrainState, batches, resumable: bool, world_size: int) -> None:

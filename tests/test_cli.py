@@ -24,7 +24,7 @@ def test_train_generate_evaluate_round_trip(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(data.corpus_text()[:60_000], encoding="utf-8")
     out = tmp_path / "tiny.pt"
-    main(["train", "--corpus", str(corpus), "--out", str(out), "--run", str(tmp_path / "run.pt"), "--steps", "12",
+    main(["train", "--corpus", str(corpus), "--out", str(out), "--checkpoint", str(tmp_path / "run.pt"), "--steps", "12",
           "--vocab-size", "300", "--context", "32", "--d-model", "32", "--layers", "1", "--heads", "2",
           "--batch-size", "4", "--figure", str(tmp_path / "loss.png"), "--quiet"])
     printed = capsys.readouterr().out
@@ -45,7 +45,7 @@ def test_train_generate_evaluate_round_trip(tmp_path, capsys):
 def test_resume_from_the_command_line(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(data.corpus_text()[:30_000], encoding="utf-8")
-    common = ["train", "--corpus", str(corpus), "--out", str(tmp_path / "m.pt"), "--run", str(tmp_path / "run.pt"),
+    common = ["train", "--corpus", str(corpus), "--out", str(tmp_path / "m.pt"), "--checkpoint", str(tmp_path / "run.pt"),
               "--steps", "6", "--vocab-size", "280", "--context", "16", "--d-model", "16", "--layers", "1",
               "--heads", "2", "--batch-size", "2", "--quiet"]
     main(common)
