@@ -57,12 +57,15 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> lis
     """The cells the judge runs, with their sources from the master.
 
     ``early`` marks the leading cells that read none of the learner's names: the judge runs
-    them while the learner's notebook is still running.
+    them while the learner's notebook is still running. ``package``: for a test cell, the
+    other exercises' names that the learner's calls from it see bound to the package's
+    versions (:func:`autograder.view.package_names`).
     """
-    from . import analysis
+    from . import analysis, view
 
     cells, leading = [], True
     learner = set(names)
+    given = view.package_names(chapter)
     for index in chapter.plan:
         cell = chapter.cells[index]
         if visible_only and cell.kind == "hidden":
@@ -70,8 +73,11 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> lis
         source = chapter.plan_source(index)
         fact = analysis.facts(source)
         leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
+        own = set(chapter.answer_names.get(cell.exercise, ())) if cell.is_test else set()
         cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
-                      "hidden": cell.kind == "hidden", "source": source, "early": leading})
+                      "hidden": cell.kind == "hidden", "source": source, "early": leading,
+                      "package": {name: module for name, module in given.items() if name not in own}
+                      if cell.is_test else {}})
     return cells
 
 

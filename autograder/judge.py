@@ -134,6 +134,7 @@ class Remote:
         self.call_seconds = 0.0              # spent waiting on the learner's calls, all cells together
         self.in_call = False
         self.cell_label = ""
+        self.package: dict[str, str] = {}    # names the learner's calls see as the package's (the cell's)
         self.kc = None
         self.rep_fd = None
         if self.down is None:
@@ -242,6 +243,8 @@ class Remote:
                 timeout, cut = left, True
         self.calls += 1
         call_id = secrets.token_hex(12)
+        if self.package and what != "describe":
+            fields["package"] = self.package
         data = wire.dumps({"op": what, **fields}, handle_of=_handle_of)
         fd = os.open(call_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.req_fd)
         with os.fdopen(fd, "wb") as stream:
@@ -537,6 +540,7 @@ def run_cell(shell, plan: dict, position: int, calls, remote: "Remote | None" = 
     if remote is not None:
         remote.deadline = start + budget if budget else None
         remote.cell_label = cell.get("grade_id") or f"cell {cell['index']}"
+        remote.package = cell.get("package") or {}
 
     def alarm(signum, frame):
         if remote is not None and remote.in_call:  # the call's own timeout ends it in time

@@ -117,6 +117,21 @@ def stubbed_names(chapter) -> list[str]:
     return sorted(n for i in _stubbed_cells(chapter) for n in chapter.answer_names.get(chapter.cells[i].grade_id, ()))
 
 
+def package_names(chapter) -> dict[str, str]:
+    """name → dotted module, for each exercise whose solution the view keeps: the judge binds
+    these names to the package's while it checks the other exercises, so that a check of
+    one exercise never runs the learner's answer to another (what the view gives away
+    already, it may give here)."""
+    stubbed = _stubbed_cells(chapter)
+    found = {}
+    for cell in chapter.cells:
+        target = marks.export_target(cell.source) if cell.kind == "answer" else None
+        if target and cell.index not in stubbed:
+            for name in chapter.answer_names.get(cell.grade_id, ()):
+                found[name] = target[:-3].replace("/", ".")
+    return found
+
+
 def write(chapter, package: Path, out: Path) -> Path:
     """Write the view of ``package`` (the real ``minillm`` folder) for grading ``chapter``
     into ``out/minillm``; returns that folder."""
