@@ -71,7 +71,7 @@ def sequence_logprobs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise ValueError(f"ids must be a (batch, seq) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
     if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
-        raise ValueError(f"mask must be a bool tensor of ids' shape {tuple(ids.shape)}, got "
+        raise ValueError(f"mask must have the shape of ids, {tuple(ids.shape)}, got "
                          f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
     logits, _ = model(ids)
     return response_logprobs(logits.float(), ids, mask)
