@@ -116,44 +116,10 @@ def _order(run_: dict) -> tuple:
 
 
 def plot(document: dict, path: Path) -> None:
-    """The frontier (attribute rate against KL, each run's points over training) and the log-probabilities."""
+    """The chapter's figure of the sweep (``minillm.dpo.plot_frontier``), written to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
-    for run_ in document["runs"]:
-        label = "SFT on the chosen" if run_["method"] == "sft" else f"DPO β = {run_['beta']:g}"
-        style = dict(color="black", linestyle="--", marker="s") if run_["method"] == "sft" else dict(marker="o")
-        points = run_["points"]
-        left.plot([p["kl"] for p in points], [100 * p["attribute_rate"] for p in points], label=label, **style)
-        line, = right.plot(range(1, len(run_["history"]["chosen_logp"]) + 1),
-                           dpo_smooth(run_["history"]["chosen_logp"]), label=f"{label}: chosen",
-                           **{k: v for k, v in style.items() if k != "marker"})
-        if run_["method"] == "dpo":
-            right.plot(range(1, len(run_["history"]["rejected_logp"]) + 1), dpo_smooth(run_["history"]["rejected_logp"]),
-                       color=line.get_color(), linestyle=":", label=f"{label}: rejected")
-    base = document["runs"][0]["points"][0]
-    left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
-    left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target 30%")
-    left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL 5 nats")
-    left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
-             ylabel="held-out responses that speak of love (%)",
-             title=f"Attribute against drift, every {document['settings']['eval_every']} steps")
-    left.legend(fontsize=7)
-    right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
-              title="The policy's log-probabilities of the training pairs")
-    right.legend(fontsize=6, ncol=2)
-    fig.savefig(path, dpi=110)
-
-
-def dpo_smooth(values, window: int = 10) -> list[float]:
-    """The running mean over the last ``window`` steps (noisy batch means made readable)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
+    dpo.plot_frontier(document).savefig(path, dpi=110)
 
 
 def merge(parts: list[str], out: str) -> None:

@@ -401,3 +401,38 @@ def pair_metrics(policy: nn.Module, reference: nn.Module, pairs: PreferencePairs
     return {"chosen_logp": pc.mean().item(), "rejected_logp": pr.mean().item(), "logratio_margin": margin.mean().item(),
             "reward_margin": beta * margin.mean().item(), "reward_accuracy": (margin > 0).float().mean().item(),
             "loss": dpo_loss(pc, pr, rc, rr, beta).item()}
+
+
+def plot_frontier(document: dict):
+    """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
+    attribute rate against its KL to the reference at every evaluation; on the right the
+    policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
+    smoothed (``minillm.course.smooth``). Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    from minillm.course import smooth
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    for run in document["runs"]:
+        sft = run["method"] == "sft"
+        label = "SFT on the chosen" if sft else f"DPO β = {run['beta']:g}"
+        style = dict(color="black", linestyle="--") if sft else {}
+        left.plot([p["kl"] for p in run["points"]], [100 * p["attribute_rate"] for p in run["points"]],
+                  marker="s" if sft else "o", label=label, **style)
+        steps = range(1, len(run["history"]["chosen_logp"]) + 1)
+        line, = right.plot(steps, smooth(run["history"]["chosen_logp"]), label=f"{label}: chosen", **style)
+        if not sft:
+            right.plot(steps, smooth(run["history"]["rejected_logp"]), color=line.get_color(), linestyle=":",
+                       label=f"{label}: rejected")
+    base = document["runs"][0]["points"][0]
+    left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
+    left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target: 30%")
+    left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL of 5 nats")
+    left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
+             ylabel="held-out responses that speak of love (%)",
+             title=f"Attribute against drift (a point every {document['settings']['eval_every']} steps)")
+    left.legend(fontsize=7)
+    right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
+              title="The policy's log-probabilities of the training pairs")
+    right.legend(fontsize=6, ncol=2)
+    return fig

@@ -729,7 +729,7 @@ def preference_pairs(model: nn.Module, tokenizer, prompts: torch.Tensor, samples
 # %%
 train_text, val_text = data.split_corpus(data.corpus_text())
 PROMPT, RESPONSE, SAMPLES = 32, 32, 8
-n_train, n_held = (48, 64) if QUICK else (256, 256)
+n_train, n_held = (40, 48) if QUICK else (256, 256)
 train_prompts = reference_dpo.prompt_windows(tokenizer, train_text, n_train, PROMPT)
 held_prompts = reference_dpo.prompt_windows(tokenizer, val_text[:100_000], n_held, PROMPT)
 start = time.perf_counter()
@@ -1078,7 +1078,7 @@ for name, model in (("reference", frozen), ("live DPO policy", live_policy)):
 # but at a KL of 11.1 nats per response, and the Shakespeare loss from 1.823 to 2.007
 # nats per character: β = 0.1 on a few pairs, which it learns by heart (the loss at the
 # last step is 0.002), lets the policy drift far. (Quick mode's 6 steps on fewer pairs
-# move less, and its 64 held-out samples leave rates with errors of several points.) The
+# move less, and its 48 held-out samples leave rates with errors of several points.) The
 # measured sweep below asks how the drift depends on β, and what SFT does instead.
 #
 # ## The frontier, measured
@@ -1119,29 +1119,48 @@ for run in frontier["runs"]:
 # log-ratio margin in nats (before $\beta$), and the policy's mean log-probabilities of
 # their chosen and rejected responses; the loss on Shakespeare in nats per character.
 
+# %% [markdown]
+# The figure of the sweep is drawn by a function of the package, so that the bench script
+# draws the same one into `data/dpo-frontier.png`.
+
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
-for run in frontier["runs"]:
-    sft = run["method"] == "sft"
-    label = "SFT on the chosen" if sft else f"DPO β = {run['beta']:g}"
-    style = dict(color="black", linestyle="--") if sft else {}
-    left.plot([p["kl"] for p in run["points"]], [100 * p["attribute_rate"] for p in run["points"]],
-              marker="s" if sft else "o", label=label, **style)
-    steps = range(1, len(run["history"]["chosen_logp"]) + 1)
-    line, = right.plot(steps, course.smooth(run["history"]["chosen_logp"]), label=f"{label}: chosen", **style)
-    if not sft:
-        right.plot(steps, course.smooth(run["history"]["rejected_logp"]), color=line.get_color(), linestyle=":",
-                   label=f"{label}: rejected")
-left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
-left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target: 30%")
-left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL of 5 nats")
-left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
-         ylabel="held-out responses that speak of love (%)",
-         title=f"Attribute against drift (a point every {frontier['settings']['eval_every']} steps)")
-left.legend(fontsize=7)
-right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
-          title="The policy's log-probabilities of the training pairs")
-right.legend(fontsize=6, ncol=2)
+#| export minillm/dpo.py
+def plot_frontier(document: dict):
+    """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
+    attribute rate against its KL to the reference at every evaluation; on the right the
+    policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
+    smoothed (``minillm.course.smooth``). Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    from minillm.course import smooth
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    for run in document["runs"]:
+        sft = run["method"] == "sft"
+        label = "SFT on the chosen" if sft else f"DPO β = {run['beta']:g}"
+        style = dict(color="black", linestyle="--") if sft else {}
+        left.plot([p["kl"] for p in run["points"]], [100 * p["attribute_rate"] for p in run["points"]],
+                  marker="s" if sft else "o", label=label, **style)
+        steps = range(1, len(run["history"]["chosen_logp"]) + 1)
+        line, = right.plot(steps, smooth(run["history"]["chosen_logp"]), label=f"{label}: chosen", **style)
+        if not sft:
+            right.plot(steps, smooth(run["history"]["rejected_logp"]), color=line.get_color(), linestyle=":",
+                       label=f"{label}: rejected")
+    base = document["runs"][0]["points"][0]
+    left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
+    left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target: 30%")
+    left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL of 5 nats")
+    left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
+             ylabel="held-out responses that speak of love (%)",
+             title=f"Attribute against drift (a point every {document['settings']['eval_every']} steps)")
+    left.legend(fontsize=7)
+    right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
+              title="The policy's log-probabilities of the training pairs")
+    right.legend(fontsize=6, ncol=2)
+    return fig
+
+# %%
+reference_dpo.plot_frontier(frontier)
 plt.show()
 
 # %% [markdown]
@@ -1219,6 +1238,8 @@ plt.show()
 # KL per response, and why? Does DPO buy more of the attribute per nat of KL than
 # fine-tuning on the chosen responses, and what would you change to find out for sure?
 # Answer in three to five sentences, with the numbers you read.
+#
+# Difficulty ●●○ · Importance ●●○ · about 10 minutes
 #
 # ### BEGIN SOLUTION
 # *Model answer.* β = 1 (33% at 3.9 nats, Shakespeare 1.823 → 1.872) or β = 3 (34% at 3.7
