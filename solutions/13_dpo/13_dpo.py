@@ -333,7 +333,8 @@ mask = torch.zeros_like(ids, dtype=torch.bool)
 for row, tokens in enumerate(encoded):
     mask[row, prompt_length: len(tokens)] = True
 with torch.no_grad():
-    scores = reference_dpo.sequence_logprobs(shipped, ids, mask)
+    logits, _ = shipped(ids)
+scores = logprobs_of(logits, ids, mask)  # your response_logprobs, if it passed its visible test
 for text, score, row in zip(responses, scores, mask):
     print(f"log pi({text!r} | prompt) = {score:7.2f} nats over {int(row.sum())} tokens")
 
@@ -879,6 +880,12 @@ print(f"{live_steps} steps in {time.perf_counter() - start:.1f} s; loss at the f
 print(f"reward accuracy on the batch: {history['reward_accuracy'][0]:.2f} -> {history['reward_accuracy'][-1]:.2f}; "
       f"chosen log-prob {history['chosen_logp'][0]:.1f} -> {history['chosen_logp'][-1]:.1f}, "
       f"rejected {history['rejected_logp'][0]:.1f} -> {history['rejected_logp'][-1]:.1f} nats")
+with torch.no_grad():  # the implicit rewards of the training pairs after the run (your implicit_reward, if it passed)
+    logps = {name: [reference_dpo.sequence_logprobs(model, getattr(pairs, name), pairs.mask) for model in (live_policy, frozen)]
+             for name in ("chosen", "rejected")}
+chosen_reward, rejected_reward = reward_of(*logps["chosen"], BETA), reward_of(*logps["rejected"], BETA)
+print(f"implicit rewards of the {len(pairs)} training pairs: chosen {chosen_reward.mean():.2f}, rejected "
+      f"{rejected_reward.mean():.2f}, accuracy {(chosen_reward > rejected_reward).float().mean():.2f}")
 
 # %% [markdown]
 # ## How far did the policy move? KL from samples
@@ -1000,8 +1007,9 @@ kl_of = course.keep_going("kl_estimate", kl_estimate, reference_dpo.kl_estimate,
 # %% [markdown]
 # The package measures a policy with it. `evaluate_policy` samples one response per
 # held-out prompt from the policy, scores the attribute on each, and estimates the KL to
-# the reference on the same samples; `pair_metrics` reads a set of pairs (held-out pairs,
-# sampled from the reference on held-out prompts) with the implicit reward.
+# the reference on the same samples (the cell after it does the same by hand, with your
+# estimate); `pair_metrics` reads a set of pairs (held-out pairs, sampled from the
+# reference on held-out prompts) with the implicit reward.
 
 # %%
 #| export minillm/dpo.py
@@ -1067,10 +1075,14 @@ from minillm.train import nats_per_char
 shakespeare = val_text[100_000: 104_000 if QUICK else 108_000]
 shakespeare_ids = torch.tensor(tokenizer.encode(shakespeare))
 for name, model in (("reference", frozen), ("live DPO policy", live_policy)):
-    measured = reference_dpo.evaluate_policy(model, frozen, tokenizer, held_prompts, RESPONSE,
-                                             generator=torch.Generator().manual_seed(1))
-    print(f"{name:16s} attribute rate {measured['attribute_rate']:.3f} ± {measured['attribute_stderr']:.3f} · "
-          f"KL {measured['kl']:5.2f} ± {measured['kl_stderr']:.2f} nats/response · "
+    samples = reference_dpo.sample_responses(model, held_prompts, RESPONSE, generator=torch.Generator().manual_seed(1))
+    response = reference_dpo.response_mask(len(samples), PROMPT, samples.shape[1])
+    with torch.no_grad():
+        kl, kl_error = kl_of(reference_dpo.sequence_logprobs(model, samples, response),  # your kl_estimate, if it passed
+                             reference_dpo.sequence_logprobs(frozen, samples, response))
+    rate = sum(reference_dpo.uses_target(tokenizer.decode(row[PROMPT:].tolist())) for row in samples) / len(samples)
+    print(f"{name:16s} attribute rate {rate:.3f} ± {math.sqrt(rate * (1 - rate) / len(samples)):.3f} · "
+          f"KL {kl:5.2f} ± {kl_error:.2f} nats/response · "
           f"Shakespeare {nats_per_char(model, shakespeare_ids, len(shakespeare)):.3f} nats/char")
 
 # %% [markdown]
