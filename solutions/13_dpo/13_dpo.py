@@ -452,7 +452,7 @@ for n, beta, dtype in [(7, 0.1, torch.float64), (1, 2.0, torch.float32), (64, 0.
     # policy == reference: exactly ln 2, whatever the log-probabilities and beta
     course.expect_close(dpo_loss(pc, pr, pc, pr, beta), torch.tensor(math.log(2), dtype=dtype),
                         f"dpo_loss at policy == reference ({n} pairs)", atol=1e-6)
-    # 2-D batches work as well (the mean over every entry)
+# 2-D batches work as well (the mean over every entry)
 course.expect_close(dpo_loss(*(torch.full((2, 3), -5.0) for _ in range(4)), 0.5), torch.tensor(math.log(2)),
                     "dpo_loss of (2, 3) tensors at policy == reference")
 # very large margins both ways: finite, and the exact asymptotes
@@ -1220,8 +1220,8 @@ plt.show()
 # - **Shared tokens.** A chosen and a rejected response of one prompt share most of their
 #   tokens' kind: the same names, the same function words, the same line breaks. Pushing
 #   the rejected response's tokens down pushes down what the chosen one shares with it.
-#   In our pairs the two differ in one word, and 31 tokens of each are ordinary
-#   Shakespeare.
+#   In our pairs what sets the chosen response apart is one word; most of the 32 tokens
+#   of each are ordinary Shakespeare.
 # - **Probability mass must go somewhere.** Lowering many rejected responses frees
 #   probability that need not land on the few chosen ones: the policy can put it on
 #   responses that are neither, which costs the chosen ones nothing in the loss.
@@ -1238,7 +1238,7 @@ plt.show()
 # −115.1; β = 0.1: −136.7 and −143.3). Only the training pairs' chosen responses are
 # learned by heart; on new responses of the reference, DPO mostly lowers the
 # probability of everything that does not speak of love, and an ordinary chosen response
-# (31 ordinary tokens and one word) shares in the loss.
+# (mostly ordinary tokens, and one word) shares in the loss.
 # Fixes proposed for it add a term that keeps the chosen likelihood up: a supervised loss on
 # the chosen responses (Pang et al., 2024) or a penalty when it falls (DPOP; Pal et
 # al., 2024).
