@@ -1299,12 +1299,11 @@ plt.show()
 #
 # And "bypasses" is in one sense too generous: DPO optimizes the same KL-regularized
 # objective as RLHF, derived in closed form, only on a fixed set of pairs rather than on
-# fresh samples from the policy. The step counts of the sweep say what one DPO step costs
-# against supervised fine-tuning: counted, one DPO step runs the policy
-# forward and backward on two responses and the reference forward on two, about
-# $2 \times 3 + 2 \times 1 = 8$ forward passes' worth of arithmetic against SFT's
-# $1 \times 3 = 3$ (a backward pass costs about two forwards). The sweep's parts ran at
-# different loads, so their seconds per step are not compared here.
+# fresh samples from the policy. Nor is it free next to supervised fine-tuning. Counted,
+# one DPO step runs the policy forward and backward on two responses and the reference
+# forward on two: about $2 \times 3 + 2 \times 1 = 8$ forward passes' worth of arithmetic
+# against SFT's $1 \times 3 = 3$ (a backward pass costs about two forwards). The sweep's
+# parts ran at different loads, so their seconds per step are not compared here.
 
 # %% [markdown]
 # ## What `minillm` gained
