@@ -20,11 +20,14 @@ import os
 import random
 import sys
 import textwrap
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+
+from .checks import positive_int
 
 QUICK = os.environ.get("COURSE_QUICK", "").strip() not in ("", "0")
 
@@ -61,6 +64,18 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+def best_seconds(run: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``run()``, in seconds: the call least disturbed by
+    whatever else the machine does, which is the one to compare on a busy machine."""
+    positive_int("repeats", repeats)
+    fastest = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        fastest = min(fastest, time.perf_counter() - started)
+    return fastest
 
 
 def setup(seed: int = 0) -> torch.device:

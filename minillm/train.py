@@ -490,7 +490,7 @@ def train(model: nn.Module, batches, config: TrainConfig, *, loss_fn=lm_loss, ev
             model.train()
             history["val_step"].append(state.step)
             for name, value in _numbers(results, "evaluate").items():
-                history.setdefault(name, []).append(value.item() if isinstance(value, torch.Tensor) else float(value))
+                history.setdefault(name, []).append(_as_float(value))
         if checkpoint_path is not None and (state.step % config.checkpoint_every == 0 or state.step == last):
             _record(state, batches, resumable)
             state.save(checkpoint_path, model, config, **(extra or {}))
@@ -527,7 +527,7 @@ def _accumulate(model: nn.Module, iterator, loss_fn, device, micro_steps: int, r
         return loss, metrics
     if any(set(metrics) != set(logged[0]) for metrics in logged):
         raise ValueError("loss_fn must give the same numbers for every batch of an accumulated step")
-    mean = {name: sum(float(m[name]) for m in logged) / micro_steps for name in logged[0]}
+    mean = {name: sum(_as_float(m[name]) for m in logged) / micro_steps for name in logged[0]}
     return torch.stack(losses).mean(), mean
 
 
@@ -575,11 +575,15 @@ def _numbers(values, source: str) -> dict:
     return values
 
 
+def _as_float(value) -> float:
+    """A number or a 0-dim tensor as a Python float (a float32 tensor's value, exactly)."""
+    return value.item() if isinstance(value, torch.Tensor) else float(value)
+
+
 def _mean_over_ranks(values: dict, world_size: int) -> dict[str, float]:
     """Plain floats of ``values``, averaged over the ranks (one all-reduce) when there are several."""
     if world_size == 1:
-        return {name: value.item() if isinstance(value, torch.Tensor) else float(value)  # float32's value, exactly
-                for name, value in values.items()}
+        return {name: _as_float(value) for name, value in values.items()}
     device = values["train_loss"].device
     stacked = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=device).detach().reshape(())
                            for value in values.values()])

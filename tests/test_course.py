@@ -233,3 +233,15 @@ def test_a_skipped_cell_claims_only_the_names_it_binds_in_the_notebook(capsys):
     with pytest.raises(NameError):
         exec(compile(course.SkipUnsolved().visit(ast.parse("print(local_only)")), "<cell>", "exec"), namespace)
     course._SKIPPED_NAMES.clear()
+
+
+def test_best_seconds_is_the_fastest_of_its_runs():
+    import time
+
+    delays = iter([0.03, 0.005, 0.02])
+    calls = []
+    best = course.best_seconds(lambda: (calls.append(1), time.sleep(next(delays))), 3)
+    assert len(calls) == 3
+    assert 0.005 <= best < 0.02
+    with pytest.raises(ValueError, match="repeats"):
+        course.best_seconds(lambda: None, 0)

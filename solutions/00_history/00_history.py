@@ -29,7 +29,6 @@
 
 # %%
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -352,24 +351,14 @@ for n in (8, 64, 512):
 # be busy with other work.
 
 # %%
-def best_seconds(fn, *args, repeats: int = 7) -> float:
-    """The fastest of several runs: the least disturbed by whatever else the machine does."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 lengths = [32, 64, 128, 256] if course.QUICK else [32, 64, 128, 256, 512, 1024, 2048]
 rnn_seconds, attention_seconds = [math.inf] * len(lengths), [math.inf] * len(lengths)
 with course.one_thread(), torch.no_grad():
     for sweep in tqdm(range(3), desc="timing sweeps"):  # three passes: a burst of other work spoils at most one
         for i, n in enumerate(lengths):
             x = torch.randn(1, n, d)
-            rnn_seconds[i] = min(rnn_seconds[i], best_seconds(rnn, x, W_xh, W_hh, b_h))
-            attention_seconds[i] = min(attention_seconds[i], best_seconds(attend, x))
+            rnn_seconds[i] = min(rnn_seconds[i], course.best_seconds(lambda: rnn(x, W_xh, W_hh, b_h), 7))
+            attention_seconds[i] = min(attention_seconds[i], course.best_seconds(lambda: attend(x), 7))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.loglog(lengths, [s * 1e3 for s in rnn_seconds], "o-", label="RNN, a loop over positions")
@@ -395,7 +384,7 @@ for n, r, a in zip(lengths, rnn_seconds, attention_seconds):
 # times at most. There the $n \times n$ matrices of scores and weights (4 MB each in float32
 # at $n = 1024$, 16 MB at 2048) outgrow the processor's fast caches, and attention's time
 # starts to depend on memory traffic as well as arithmetic: it varies most from run to
-# run (across our runs the ratio at $n = 2048$ lay between 0.6 and 3.1, while the
+# run (across our runs the ratio at $n = 2048$ lay anywhere between 0.6 and 4, while the
 # twenty-fold gap at short lengths came back every time). FlashAttention (chapter 10) is
 # about avoiding exactly that traffic.
 #

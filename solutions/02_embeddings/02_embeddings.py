@@ -33,7 +33,6 @@
 
 # %%
 import math
-import time
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -212,12 +211,7 @@ big_weight = torch.randn(V_gpt2, d_demo) / d_demo**0.5
 ids = torch.randint(V_gpt2, (64,))
 with course.one_thread():
     for name, fn in [("one-hot product", lambda: embed_one_hot(ids, big_weight)), ("indexing", lambda: big_weight[ids])]:
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        print(f"{name:16s}: {min(times) * 1e3:8.3f} ms for 64 tokens, V = {V_gpt2:,d}, d = {d_demo} (best of 5)")
+        print(f"{name:16s}: {course.best_seconds(fn, 5) * 1e3:8.3f} ms for 64 tokens, V = {V_gpt2:,d}, d = {d_demo} (best of 5)")
 assert torch.allclose(embed_one_hot(ids, big_weight), big_weight[ids], atol=1e-6)
 del big_weight
 

@@ -769,12 +769,8 @@ repeats = 3 if QUICK else 15
 
 
 def best_ms(run, repeats):
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return 1000 * min(times)
+    """The fastest of ``repeats`` runs of ``run()``, in milliseconds: the least disturbed by a busy machine."""
+    return 1000 * course.best_seconds(run, repeats)
 
 
 def cached_step_ms(model, ids, t, repeats):
