@@ -42,7 +42,7 @@ def test_bad_directives_are_errors(source, message):
 def test_export_strips_markers_and_directive():
     exported = cell("#| export minillm/x.py\ndef f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
     assert package.export_target(exported) == "minillm/x.py"
-    assert package._body(exported) == "def f():\n    return 1"
+    assert marks.export_body(exported.source) == "def f():\n    return 1"
     assert package.export_target(cell("x = 1")) is None
     assert package.export_target(cell("#| export minillm/x.py", kind="markdown")) is None
 
