@@ -18,6 +18,7 @@ package, so every check still compares against the reference.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -74,28 +75,28 @@ def _references(source: str, *, answer: bool) -> set[str]:
     return found
 
 
-def _stubbed_cells(chapter) -> set[int]:
+@functools.cache
+def _stubbed_cells(chapter) -> frozenset[int]:
     """Indexes of the exported answer cells the view shows as the release does.
 
     Every exported answer starts as a stub; one whose names the rest of the view's code,
-    or any answer cell, refers to keeps its solution, until nothing changes.
+    or any answer cell, refers to keeps its solution, until nothing changes. Computed once
+    a chapter: the view and the judge's plan of every submission read it.
     """
     exported = [c for c in chapter.cells if c.cell_type == "code" and marks.export_target(c.source)]
     stubbed = {c.index for c in exported if c.kind == "answer"}
-    answers = [c for c in chapter.cells if c.kind == "answer"]
+    given = {c.index: _references(c.learner_source, answer=False) | _references(c.source, answer=True)
+             for c in chapter.cells if c.kind == "answer"}
     while True:
-        wanted: dict[int, set[str]] = {}
+        wanted = {index: set(names) for index, names in given.items()}
         for cell in exported:
             shown = cell.learner_source if cell.index in stubbed else cell.source
-            wanted[cell.index] = _references(shown, answer=False)
-        for cell in answers:
-            given = _references(cell.learner_source, answer=False) | _references(cell.source, answer=True)
-            wanted[cell.index] = wanted.get(cell.index, set()) | given
+            wanted.setdefault(cell.index, set()).update(_references(shown, answer=False))
         needed = {index for index in stubbed
                   if any(set(chapter.answer_names.get(chapter.cells[index].grade_id, ())) & names
                          for other, names in wanted.items() if other != index)}
         if not needed:
-            return stubbed
+            return frozenset(stubbed)
         stubbed -= needed
 
 
