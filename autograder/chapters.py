@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import nbformat
@@ -207,6 +207,12 @@ class Chapter:
         and the set-up cells before the first answer that bind nothing. Answer cells are
         never run there: only their import statements (see :meth:`plan_source`).
         """
+        return self.plan_for(None)
+
+    @cache
+    def plan_for(self, exercises: frozenset[str] | None) -> list[int]:
+        """:attr:`plan` for the tests of ``exercises`` alone (grade_ids; None: every test).
+        A test cell of another exercise is in it when a planned cell needs what it defines."""
         facts = list(self.facts)
         for cell in self.answers:
             facts[cell.index] = analysis.facts(self.answer_imports(cell))
@@ -214,7 +220,8 @@ class Chapter:
             if SKIP_TAG in cell.tags and not cell.is_test:
                 facts[cell.index] = analysis.CellFacts(True)
         first_answer = min(c.index for c in self.answers)
-        roots = [c.index for c in self.cells if c.is_test or FORCE_TAG in c.tags]
+        roots = [c.index for c in self.cells if FORCE_TAG in c.tags
+                 or c.is_test and (exercises is None or c.exercise in exercises)]
         roots += [c.index for c in self.cells[:first_answer]
                   if c.cell_type == "code" and c.source.strip() and not facts[c.index].binds]
         needed = analysis.needed_cells(facts, roots, provided=set(self.proxied_names))

@@ -7,6 +7,7 @@ learner's answers as proxies. Both processes are gone when :func:`execute` retur
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import secrets
@@ -43,6 +44,7 @@ class Execution:
     seconds: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     judge_error: str = ""
+    judge_flags: list[dict] = field(default_factory=list)  # the flags the judge raised (also in ``flags``)
 
 
 def judge_memory(limits: Limits) -> int:
@@ -53,9 +55,12 @@ def judge_memory(limits: Limits) -> int:
     return max(limits.memory, 2**31) + 2 * MAX_REPLY
 
 
-def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> list[dict]:
+def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=(), checks=None,
+               held: frozenset[str] = frozenset()) -> list[dict]:
     """The cells the judge runs, with their sources from the master.
 
+    ``checks``: which exercises' tests to run (a set of grade_ids; None: all). ``held``:
+    the exercises this kernel's view stubs as well (:func:`autograder.view.held_groups`).
     ``early`` marks the leading cells that read none of the learner's names: the judge runs
     them while the learner's notebook is still running. ``package``: for a test cell, the
     other exercises' names that the learner's calls from it see bound to the package's
@@ -65,8 +70,8 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=()) -> lis
 
     cells, leading = [], True
     learner = set(names)
-    given = view.package_names(chapter)
-    for index in chapter.plan:
+    given = view.package_names(chapter, held)
+    for index in chapter.plan_for(None if checks is None else frozenset(checks)):
         cell = chapter.cells[index]
         if visible_only and cell.kind == "hidden":
             continue
@@ -126,15 +131,63 @@ def _kill_judge(judge: tuple[int, str] | None) -> None:
 
 async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
                   visible_only: bool = False, names: list[str] | None = None,
-                  scratch: Path | None = None) -> Execution:
+                  scratch: Path | None = None, settled=()) -> Execution:
     """Execute ``notebook`` (the reconstruction's learner view) and judge it.
 
+    An exercise whose solution the learner's kernel needs (a held exercise, see
+    :mod:`autograder.view`) is checked in a kernel of its own group, whose view has it as a
+    stub: so no answer can reach its own reference. The first kernel checks the rest; its
+    outputs and flags are the notebook's. A self-check (``visible_only``) runs the visible
+    tests on the learner's own machine, where the package is theirs anyway: one kernel.
+
     ``scratch``: the folder for the sandbox and the judge's files (default: the system's).
+    ``settled``: exercises whose score is known without their checks (unanswered, or
+    withheld): no kernel is started to check them apart.
     """
+    from . import view
+
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
+    groups = () if visible_only else view.held_groups(chapter)
+    apart = frozenset().union(*groups)
+    groups = [group - set(settled) for group in groups if group - set(settled)]
+    everything = {c.exercise for c in chapter.tests}
+    first = await _execute_once(chapter, notebook, limits, jobs=jobs, seed=seed, visible_only=visible_only,
+                                names=names, scratch=scratch, checks=None if not apart else everything - apart)
+    # A held exercise's test may run in the first kernel too, when a later test needs what it
+    # defines; only its own kernel's verdict counts.
+    first.verdicts = {i: v for i, v in first.verdicts.items() if chapter.cells[i].exercise not in apart}
+    for number, group in enumerate(groups, 1):
+        part = await _execute_once(chapter, _up_to_answers(chapter, notebook, group), limits, jobs=jobs, seed=seed,
+                                   names=names, scratch=scratch, checks=group, held=group)
+        first.verdicts.update({i: v for i, v in part.verdicts.items() if chapter.cells[i].exercise in group})
+        first.flags += part.judge_flags
+        first.judge_flags += part.judge_flags
+        first.described.update({n: d for n, d in part.described.items()
+                                if any(n in chapter.answer_names.get(g, ()) for g in group)})
+        first.seconds.update({f"{key} {number + 1}": value for key, value in part.seconds.items()})
+        first.judge_error = "; ".join(e for e in (first.judge_error, part.judge_error) if e)
+    return first
+
+
+def _up_to_answers(chapter: Chapter, notebook, group: frozenset[str]):
+    """``notebook`` for checking ``group`` apart: the chapter's own code cells after the
+    group's last answer are left out (they cannot change an answer: only answer cells are
+    the learner's, and the chapter never rebinds a graded name); every answer cell runs."""
+    last = max(chapter.by_id[grade_id].index for grade_id in group)
+    pruned = copy.deepcopy(notebook)
+    for index, cell in enumerate(pruned.cells):
+        if index > last and cell.cell_type == "code" and chapter.cells[index].kind != "answer":
+            cell.source = ""
+    return pruned
+
+
+async def _execute_once(chapter: Chapter, notebook, limits: Limits, *, jobs: int, seed: int, visible_only: bool = False,
+                        names: list[str] | None, scratch: Path | None, checks=None,
+                        held: frozenset[str] = frozenset()) -> Execution:
+    """One learner kernel and its judge: ``checks`` and ``held`` as :func:`judge_plan` takes them."""
     started = time.monotonic()
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
-    sandbox.show_package_view(chapter)
+    sandbox.show_package_view(chapter, held)
     private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
     os.chmod(private, 0o700)
     claim(private)
@@ -144,7 +197,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     sandbox.chown(notebook_path)
     learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
-        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names),
+        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names, checks=checks, held=held),
         "names": learner_names, "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
         "call_timeout": limits.call_timeout, "check_timeout": limits.check_budget, "seed": seed,
@@ -183,6 +236,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     flags = list(sandbox.flags)
     seconds = {}
     judge_error = ""
+    judge_flags: list[dict] = []
     verdicts: list[dict] = []
     described: dict = {}
     try:
@@ -212,6 +266,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
             outcome = json.loads((private / "verdicts.json").read_text())
             verdicts, described = outcome["cells"], outcome["described"]
             flags += outcome["events"]
+            judge_flags = outcome["events"]
             faults = [v["judge_fault"] for v in verdicts if v.get("judge_fault")]
             if faults:
                 judge_error = "; ".join(faults)
@@ -230,7 +285,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
         shutil.rmtree(private, ignore_errors=True)
     seconds["total"] = time.monotonic() - started
     return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
-                     kernel.reason, seconds, seed, judge_error)
+                     kernel.reason, seconds, seed, judge_error, judge_flags)
 
 
 def partial_verdicts(path: Path) -> list[dict]:

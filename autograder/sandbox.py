@@ -513,15 +513,16 @@ class Sandbox:
         }
         self._seed_matplotlib_cache()
 
-    def show_package_view(self, chapter) -> None:
-        """Lay the package as :mod:`autograder.view` builds it for grading ``chapter`` over
-        the real package, so the real files are out of the learner's reach. Without
-        namespaces there is no private root to lay it in (``no-filesystem-isolation``)."""
+    def show_package_view(self, chapter, held: frozenset[str] = frozenset()) -> None:
+        """Lay the package as :mod:`autograder.view` builds it for grading ``chapter`` (with
+        the exercises ``held`` stubbed as well) over the real package, so the real files are
+        out of the learner's reach. Without namespaces there is no private root to lay it
+        in (``no-filesystem-isolation``)."""
         if self.isolation.namespaces:
             from . import view
 
             package = Path(_package_paths()[0])
-            self.overlays = [(str(view.write(chapter, package, self.base / "view")), str(package))]
+            self.overlays = [(str(view.write(chapter, package, self.base / "view", held)), str(package))]
 
     def _seed_matplotlib_cache(self) -> None:
         """Copy the grader's matplotlib font list, so each sandbox need not rebuild it (seconds)."""

@@ -11,9 +11,16 @@ disk and runs it, finds the learner's release instead of the solution:
 
 An exercise that the rest of the chapter's code calls keeps its solution: the package's own
 code in the view calls it, or an answer cell gives it to the learner (the package's version
-of an earlier exercise, so that a later one is graded on its own). Either way the release
-already hands it out, and the learner's kernel needs it to run. The judge keeps the real
+of an earlier exercise, so that a later one is graded on its own). The learner's kernel
+needs it to run, so its own check cannot run there: its reference would be in reach. Those
+exercises ("held" exercises) are checked apart, in a second kernel whose view has them as
+stubs too (:func:`held_groups`), while the first kernel checks the rest. A held exercise
+whose solution calls another held one is checked in another kernel than it, so that each
+check still sees the reference of the exercises it calls. The judge keeps the real
 package, so every check still compares against the reference.
+
+Each module of the view lists its stubs in ``__learner_exercises__``, as a student bundle's
+do, so that ``course.keep_going`` puts a working answer in the stub's place.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import re
 import shutil
 from pathlib import Path
 
+from minillm.course import LEARNER_EXERCISES
 from minillm.coursemap import CHAPTERS
 
 from . import marks
@@ -100,30 +108,68 @@ def _stubbed_cells(chapter) -> frozenset[int]:
         stubbed -= needed
 
 
-def chapter_modules(chapter) -> dict[str, str]:
-    """``minillm/<name>.py`` → the text of each module the graded chapter exports, in the view."""
+@functools.cache
+def held_groups(chapter) -> tuple[frozenset[str], ...]:
+    """The held exercises (grade_ids: those the view keeps as solutions), in groups to be
+    checked apart, one kernel a group, each group stubbed in its kernel's view.
+
+    No exercise shares a group with one its solution refers to, or one that refers to it
+    (greedy colouring, in the chapter's order): so the exercises a check calls are the
+    package's in its kernel, never stubs.
+    """
     stubbed = _stubbed_cells(chapter)
+    held = [c for c in chapter.cells if c.kind == "answer" and marks.export_target(c.source)
+            and c.index not in stubbed]
+    names = {c.grade_id: set(chapter.answer_names.get(c.grade_id, ())) for c in held}
+    calls = {c.grade_id: _references(c.source, answer=False) for c in held}
+    groups: list[set[str]] = []
+    for cell in held:
+        me = cell.grade_id
+        for group in groups:
+            if not any(names[other] & calls[me] or names[me] & calls[other] for other in group):
+                group.add(me)
+                break
+        else:
+            groups.append({me})
+    return tuple(frozenset(group) for group in groups)
+
+
+def _stub_indexes(chapter, held: frozenset[str]) -> frozenset[int]:
+    """The view's stubs, with the answers of the exercises ``held`` stubbed as well."""
+    return _stubbed_cells(chapter) | {c.index for c in chapter.cells if c.kind == "answer" and c.grade_id in held}
+
+
+def chapter_modules(chapter, held: frozenset[str] = frozenset()) -> dict[str, str]:
+    """``minillm/<name>.py`` → the text of each module the graded chapter exports, in the
+    view (``held``: exercises stubbed as well, see :func:`held_groups`)."""
+    stubbed = _stub_indexes(chapter, held)
     bodies: dict[str, list[str]] = {}
+    exercises: dict[str, list[str]] = {}
     for cell in chapter.cells:
         target = marks.export_target(cell.source) if cell.cell_type == "code" else None
         if target:
             shown = cell.learner_source if cell.index in stubbed else cell.source
             bodies.setdefault(target, []).append(marks.export_body(shown))
+            if cell.index in stubbed:
+                exercises.setdefault(target, []).extend(chapter.answer_names.get(cell.grade_id, ()))
     header = HEADER.format(slug=chapter.slug)
-    return {target: header + "\n" + "\n\n\n".join(parts) + "\n" for target, parts in bodies.items()}
+    return {target: header + "\n" + "\n\n\n".join(parts)
+            + f"\n\n\n{LEARNER_EXERCISES} = {tuple(exercises.get(target, ()))!r}\n"
+            for target, parts in bodies.items()}
 
 
-def stubbed_names(chapter) -> list[str]:
+def stubbed_names(chapter, held: frozenset[str] = frozenset()) -> list[str]:
     """The exercises the view shows as stubs."""
-    return sorted(n for i in _stubbed_cells(chapter) for n in chapter.answer_names.get(chapter.cells[i].grade_id, ()))
+    return sorted(n for i in _stub_indexes(chapter, held)
+                  for n in chapter.answer_names.get(chapter.cells[i].grade_id, ()))
 
 
-def package_names(chapter) -> dict[str, str]:
+def package_names(chapter, held: frozenset[str] = frozenset()) -> dict[str, str]:
     """name → dotted module, for each exercise whose solution the view keeps: the judge binds
     these names to the package's while it checks the other exercises, so that a check of
     one exercise never runs the learner's answer to another (what the view gives away
     already, it may give here)."""
-    stubbed = _stubbed_cells(chapter)
+    stubbed = _stub_indexes(chapter, held)
     found = {}
     for cell in chapter.cells:
         target = marks.export_target(cell.source) if cell.kind == "answer" else None
@@ -133,9 +179,9 @@ def package_names(chapter) -> dict[str, str]:
     return found
 
 
-def write(chapter, package: Path, out: Path) -> Path:
+def write(chapter, package: Path, out: Path, held: frozenset[str] = frozenset()) -> Path:
     """Write the view of ``package`` (the real ``minillm`` folder) for grading ``chapter``
-    into ``out/minillm``; returns that folder."""
+    into ``out/minillm``; returns that folder. ``held``: exercises stubbed as well."""
     graded = chapter_number(chapter.slug)
     target = Path(out) / "minillm"
     target.mkdir(parents=True)
@@ -147,7 +193,7 @@ def write(chapter, package: Path, out: Path) -> Path:
             if owner is not None and owner > graded:
                 continue
         shutil.copyfile(path, target / path.name)
-    for name, text in chapter_modules(chapter).items():
+    for name, text in chapter_modules(chapter, held).items():
         (target / Path(name).name).write_text(text, encoding="utf-8")
     for path in [target, *target.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -41,7 +41,16 @@ def _grade(root):
                                                "def self_attention(x):\n    return space['self_' + 'attention'](x)\n",
                              "count_parameters": "import importlib\n"
                                                  "def count_parameters(config):\n"
-                                                 "    return getattr(importlib.import_module('minillm.con' + 'fig'), 'count_' + 'parameters')(config)\n"},
+                                                 "    return getattr(importlib.import_module('minillm.con' + 'fig'), 'count_' + 'parameters')(config)\n",
+                             # Held exercises: the chapter's own code needs their solutions, so
+                             # their checks run in a kernel of their own, where they are stubs.
+                             "attention_parameters": "import importlib\n"
+                                                     "def attention_parameters(config):\n"
+                                                     "    module = importlib.import_module('minillm.con' + 'fig')\n"
+                                                     "    return getattr(module, 'attention_' + 'parameters')(config)\n",
+                             "ffn_parameters": "import minillm, pathlib\nheld = {}\n"
+                                               "exec((pathlib.Path(minillm.__file__).parent / ('con' + 'fig.py')).read_text(), held)\n"
+                                               "def ffn_parameters(config):\n    return held['ffn_' + 'parameters'](config)\n"},
         "patched_helpers": {**WRONG, "rnn_forward": "import numpy, torch\nfrom minillm import course\n"
                             "course.expect_close = course.expect_equal = lambda *a, **k: None\n"
                             "course.close = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"

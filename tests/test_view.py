@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import minillm
-from autograder import chapters, view
+from autograder import chapters, marks, view
 from autograder import course as grader_course
 
 from . import grading_fixture as fx
@@ -73,6 +73,42 @@ def test_an_exercise_the_chapters_code_calls_keeps_its_solution():
     assert "softmax" not in view.stubbed_names(attention)
     # Chapter 12 gives lora_targets to lora_parameter_count's answer cell.
     assert "lora_targets" not in view.stubbed_names(chapters.load("12_lora"))
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_held_exercises_are_checked_in_groups_that_stub_them(slug, tmp_path):
+    """Each exercise the view keeps is in exactly one group; that group's view stubs it and
+    lists it in ``__learner_exercises__``, and keeps the other groups' solutions."""
+    chapter = chapters.load(slug)
+    groups = view.held_groups(chapter)
+    exported = {c.grade_id for c in chapter.answers if marks.export_target(c.source)}
+    base = set(view.stubbed_names(chapter))
+    held = [g for group in groups for g in group]
+    assert len(held) == len(set(held)), "an exercise is in two groups"
+    held_names = {n for g in held for n in chapter.answer_names[g]}
+    assert not held_names & base and set(held) <= exported
+    assert held_names | base == {n for g in exported for n in chapter.answer_names[g]}
+    for number, group in enumerate(groups):
+        names = {n for g in group for n in chapter.answer_names[g]}
+        assert set(view.stubbed_names(chapter, group)) == base | names
+        assert not names & set(view.package_names(chapter, group))
+        folder = view.write(chapter, PACKAGE, tmp_path / str(number), group)
+        listed = set()
+        for module in chapter.reference_modules:
+            text = (folder / (module.rsplit(".", 1)[1] + ".py")).read_text(encoding="utf-8")
+            listed |= set(ast.literal_eval(text.rsplit("__learner_exercises__ = ", 1)[1]))
+        assert listed == base | names
+
+
+def test_an_exercise_is_never_held_with_one_its_solution_calls():
+    # The attention exercise calls softmax; the tiled forward pass calls its tile helpers.
+    def together(slug, a, b):
+        return any({a, b} <= group for group in view.held_groups(chapters.load(slug)))
+
+    assert not together("04_attention", "scaled_dot_product_attention", "softmax")
+    assert not together("10_flash_attention", "tiled_attention_forward", "tile_update")
+    assert not together("10_flash_attention", "tiled_attention_forward", "tile_visibility")
+    assert together("04_attention", "softmax", "split_heads")  # so a chapter needs few extra kernels
 
 
 def test_every_view_imports(views, tmp_path):
