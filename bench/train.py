@@ -10,7 +10,9 @@ step on a fixed batch.
 The models are timed in short interleaved rounds, so that a change in the machine's load
 hits both alike; the table gives the median over the rounds of each round's ratio, and
 its range. The baseline is also timed against a second copy of itself: the spread of that
-ratio around 1 is the noise floor of the measurement. Usage:
+ratio around 1 is the noise floor of the measurement. The two models dispatch the same
+kernels on the same shapes and strides (tests/test_bench_train.py), so a ratio away from 1
+beyond that floor would point at the machine, not the model. Usage:
 python bench/train.py [--rounds 9] [--steps 5] [--threads 2] [--profile]
 """
 import argparse
