@@ -162,7 +162,7 @@ for batch, seq_len, d_in, d_hidden in [(3, 7, 5, 4), (1, 1, 3, 6), (2, 33, 8, 8)
     x = torch.randn(batch, seq_len, d_in, dtype=torch.float64)
     expected, _ = reference(x)
     got = rnn_forward(x, reference.weight_ih_l0.detach(), reference.weight_hh_l0.detach(), reference.bias_ih_l0.detach())
-    course.expect_close(got, expected.detach(), f"rnn_forward at {(batch, seq_len, d_in, d_hidden)}", atol=1e-10, rtol=1e-8)
+    course.expect_close(got, expected.detach(), "rnn_forward's states", atol=1e-10, rtol=1e-8)
 # causality: changing the last input leaves every earlier state unchanged
 x2 = x.clone()
 x2[:, -1] += 1.0
@@ -171,11 +171,11 @@ assert torch.equal(got2[:, :-1], got[:, :-1]), "an input changed states before i
 # the docstring's promises: the states in x's dtype, and ValueError for shapes that do not fit
 x, W_xh, W_hh, b_h = torch.randn(2, 4, 3), torch.randn(5, 3), torch.randn(5, 5), torch.randn(5)
 course.expect_equal(rnn_forward(x, W_xh, W_hh, b_h).dtype, torch.float32, "rnn_forward's dtype for float32 inputs")
-for args, what in [((x, W_xh, torch.randn(5, 4), b_h), "a W_hh of shape (5, 4), not square"),
-                   ((x, torch.randn(5, 2), W_hh, b_h), "a W_xh of shape (5, 2) for inputs of width 3"),
-                   ((x, W_xh, W_hh, torch.randn(4)), "a b_h of shape (4,) for 5 hidden units"),
-                   ((x[0], W_xh, W_hh, b_h), "an x of shape (4, 3), without its batch axis")]:
-    course.expect_raises(ValueError, rnn_forward, *args, what=f"rnn_forward with {what}")
+for args, what in [((x, W_xh, torch.randn(5, 4), b_h), "rnn_forward with a W_hh that is not square"),
+                   ((x, torch.randn(5, 2), W_hh, b_h), "rnn_forward with a W_xh whose width is not the inputs' width"),
+                   ((x, W_xh, W_hh, torch.randn(4)), "rnn_forward with a b_h whose length is not the number of hidden units"),
+                   ((x[0], W_xh, W_hh, b_h), "rnn_forward with an x without its batch axis")]:
+    course.expect_raises(ValueError, rnn_forward, *args, what=what)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -283,8 +283,8 @@ for shape, dtype in [((2, 5, 8), torch.float64), ((1, 1, 4), torch.float32), ((3
     before = x.clone()
     got = self_attention(x)
     assert torch.equal(x, before), "self_attention changed its input x in place"
-    course.expect_equal(getattr(got, "dtype", None), dtype, f"self_attention's dtype for {dtype} inputs")
-    course.expect_close(got, F.scaled_dot_product_attention(x, x, x), f"self_attention {shape} {dtype}", atol=1e-5)
+    course.expect_equal(getattr(got, "dtype", None), dtype, "self_attention's dtype")
+    course.expect_close(got, F.scaled_dot_product_attention(x, x, x), "self_attention", atol=1e-5)
 # Large inputs (scores in the thousands) must not overflow. In float32 the outputs are only
 # checked to be finite: near-ties between scores that large make the float32 result depend
 # on rounding, so the values are compared in float64, where exp() overflows too (past 709).
@@ -375,18 +375,18 @@ for n, r, a in zip(lengths, rnn_seconds, attention_seconds):
 
 # %% [markdown]
 # Read the table under the figure. At $n = 32$ the two do the same arithmetic, yet the
-# loop takes about twenty times as long. The call counts above say why: eight small
+# loop takes ten to twenty times as long. The call counts above say why: eight small
 # operations per position, each waiting for the one before, and on a CPU most of the cost
 # of a small operation is the fixed overhead of launching it, not arithmetic. Attention
 # makes the same handful of calls (seven above) whatever $n$ is. As $n$ grows, attention's
 # extra arithmetic catches up with the loop's overhead: at $n = 2048$ it does 64 times the
-# RNN's multiply-adds, and by two thousand tokens the twenty-fold gap has shrunk to a few
-# times at most. There the $n \times n$ matrices of scores and weights (4 MB each in float32
-# at $n = 1024$, 16 MB at 2048) outgrow the processor's fast caches, and attention's time
-# starts to depend on memory traffic as well as arithmetic: it varies most from run to
-# run (across our runs the ratio at $n = 2048$ lay anywhere between 0.6 and 4, while the
-# twenty-fold gap at short lengths came back every time). FlashAttention (chapter 10) is
-# about avoiding exactly that traffic.
+# RNN's multiply-adds, and by two thousand tokens the gap of ten times or more has shrunk
+# to a few times at most. There the $n \times n$ matrices of scores and weights (4 MB
+# each in float32 at $n = 1024$, 16 MB at 2048) outgrow the processor's fast caches, and
+# attention's time starts to depend on memory traffic as well as arithmetic: it varies
+# most from run to run (across our runs the ratio at $n = 2048$ lay anywhere between 0.6
+# and 4, while the gap of ten times or more at short lengths came back every time).
+# FlashAttention (chapter 10) is about avoiding exactly that traffic.
 #
 # What one CPU thread cannot show is the hardware the Transformer was built for. A GPU
 # has thousands of cores: a few large matrix products fill them, while a chain of $n$
@@ -646,7 +646,7 @@ def _linears(shapes, bias):
 for d, h, bias in [(64, 4, True), (96, 3, False), (512, 8, True)]:
     cfg = ModelConfig(d_model=d, n_heads=h, d_ff=4 * d, bias=bias)
     expected = sum(p.numel() for p in torch.nn.MultiheadAttention(d, h, bias=bias, device="meta").parameters())
-    course.expect_equal(attention_parameters(cfg), expected, f"attention_parameters d={d} h={h} bias={bias}")
+    course.expect_equal(attention_parameters(cfg), expected, "attention_parameters")
 # grouped-query attention: K and V have n_kv_heads heads; fixed cases, then random shapes
 cases = [(8192, 64, 8, False), (128, 8, 2, True), (96, 6, 1, True)]
 for _ in range(4):
@@ -659,7 +659,7 @@ for d, h, kv, bias in cases:
     kv_width = kv * (d // h)
     got = attention_parameters(cfg)
     course.expect_equal(got, _linears([(d, d), (d, kv_width), (d, kv_width), (d, d)], bias),
-                        f"attention_parameters with GQA d={d} h={h} kv={kv} bias={bias}")
+                        "attention_parameters with grouped-query attention")
     course.expect_equal(type(got), int, "the type of attention_parameters' result")
 ### END HIDDEN TESTS
 
@@ -737,7 +737,7 @@ for ffn in ("gelu", "gelu_tanh", "relu", "swiglu"):
 for d, d_ff, ffn, bias in cases:
     cfg = ModelConfig(d_model=d, n_heads=4, d_ff=d_ff, ffn=ffn, bias=bias)
     shapes = [(d, d_ff), (d_ff, d)] + ([(d, d_ff)] if ffn == "swiglu" else [])
-    course.expect_equal(ffn_parameters(cfg), _linears(shapes, bias), f"ffn_parameters {ffn} d={d} d_ff={d_ff} bias={bias}")
+    course.expect_equal(ffn_parameters(cfg), _linears(shapes, bias), "ffn_parameters")
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -884,7 +884,7 @@ for d, h, layers, d_ff, vocab in [(64, 4, 2, 128, 100), (96, 6, 3, 200, 57)]:
                       architecture="encoder-decoder", positions="sinusoidal", norm_placement="post", ffn="relu")
     with torch.device("meta"):
         built = torch.nn.Transformer(d, h, layers, layers, d_ff, batch_first=True)
-    course.expect_equal(count_parameters(cfg), _n_parameters(built) + vocab * d, f"count_parameters(encoder-decoder d={d})")
+    course.expect_equal(count_parameters(cfg), _n_parameters(built) + vocab * d, "count_parameters of an encoder-decoder")
 
 
 def _decoder(cfg):
@@ -919,7 +919,7 @@ for _ in range(6):  # random decoder-only models
                       ffn=_pick(["gelu", "gelu_tanh", "relu", "swiglu"]), bias=_pick([True, False]),
                       tie_embeddings=_pick([True, False]), final_norm=_pick([True, False]))
     got = count_parameters(cfg)
-    course.expect_equal(got, _n_parameters(_decoder(cfg)), f"count_parameters({cfg})")
+    course.expect_equal(got, _n_parameters(_decoder(cfg)), "count_parameters of a random decoder")
     course.expect_equal(type(got), int, "the type of count_parameters' result")
 ### END HIDDEN TESTS
 

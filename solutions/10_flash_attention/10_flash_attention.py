@@ -333,8 +333,8 @@ for shape, block, dtype in [((3, 17), 4, torch.float64), ((2, 3, 33), 8, torch.f
                             ((4, 64), 64, torch.float32), ((2, 29), 5, torch.float64)]:
     x = 6 * torch.randn(*shape, dtype=dtype)
     got = online_softmax(x, block_size=block)
-    assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"online_softmax must keep the dtype {dtype}"
-    course.expect_close(got, torch.softmax(x, -1), f"online_softmax {shape} block {block} {dtype}",
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype, "online_softmax must keep the dtype"
+    course.expect_close(got, torch.softmax(x, -1), "online_softmax",
                         atol=1e-12 if dtype == torch.float64 else 1e-6)
 # increasing rows: the maximum grows in every block, so every block rescales the old sum
 x = torch.linspace(-50, 400, 45, dtype=torch.float64).repeat(2, 1) + torch.randn(2, 45, dtype=torch.float64)
@@ -355,7 +355,7 @@ got = online_softmax(x, block_size=7)
 assert torch.isfinite(got).all(), "online_softmax gave NaN or inf for float32 logits near 500"
 course.expect_close(got, torch.softmax(x, -1), "online_softmax of float32 logits near 500", atol=1e-6)
 for bad in (0, -3, 2.0):
-    course.expect_raises(ValueError, online_softmax, x, bad, what=f"online_softmax with block_size={bad!r}", match="block_size")
+    course.expect_raises(ValueError, online_softmax, x, bad, what="online_softmax with a block_size that is not valid", match="block_size")
 ### END HIDDEN TESTS
 
 # %%
@@ -490,8 +490,8 @@ for lead, bq, n, d, block, dtype in [((3,), 5, 19, 4, 4, torch.float64), ((2, 2)
     scores = 5 * torch.randn(*lead, bq, n, dtype=dtype)
     v = torch.randn(*lead, n, d, dtype=dtype)
     out, m, l = _stream(tile_update, scores, v, block)
-    assert out.dtype == dtype and l.dtype == dtype, f"tile_update must keep the dtype {dtype}"
-    course.expect_close(out, torch.softmax(scores, -1) @ v, f"streamed tiles give attention {lead} bq={bq} n={n} {dtype}",
+    assert out.dtype == dtype and l.dtype == dtype, "tile_update must keep the dtype"
+    course.expect_close(out, torch.softmax(scores, -1) @ v, "streamed tiles give attention",
                         atol=1e-10 if dtype == torch.float64 else 1e-5)
     course.expect_close(m, scores.amax(-1, keepdim=True), "m after the last tile is the row maximum", atol=1e-12)
     course.expect_close(m + l.log(), torch.logsumexp(scores, -1, keepdim=True), "m + log l is the log-sum-exp",
@@ -751,8 +751,8 @@ for shape_q, shape_k, causal, bq, bk, dtype in [
     expected_out, expected_lse = _naive_attention(q, k, v, causal)
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     assert isinstance(got[0], torch.Tensor) and got[0].dtype == dtype, "the output must keep q's dtype"
-    course.expect_close(got[0], expected_out, f"tiled forward {shape_q} vs {shape_k} causal={causal} blocks {bq}x{bk}", atol=tol)
-    course.expect_close(got[1], expected_lse, f"tiled forward's lse {shape_q} causal={causal}", atol=tol)
+    course.expect_close(got[0], expected_out, "the tiled forward's output", atol=tol)
+    course.expect_close(got[1], expected_lse, "the tiled forward's lse", atol=tol)
 # large scores stay finite
 q, k, v = 30 * torch.randn(1, 1, 20, 8), 30 * torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 8)
 got = tiled_attention_forward(q, k, v, causal=True, block_q=6, block_k=6)
@@ -865,9 +865,9 @@ print("score_grad: visible test passed")
 for lead, n, d, dtype in [((3, 2), 7, 4, torch.float64), ((1,), 16, 8, torch.float32), ((), 3, 1, torch.float64)]:
     p, dp, o, do, expected = _score_grad_case(None, lead, n, d, dtype)
     got = score_grad(p, dp, o, do)
-    assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"score_grad must keep the dtype {dtype}"
-    course.expect_close(got, expected, f"score_grad {lead} n={n} d={d} {dtype}", atol=1e-10 if dtype == torch.float64 else 1e-5)
-    course.expect_close(score_grad(p[..., 2:], dp[..., 2:], o, do), expected[..., 2:], f"score_grad on a tile {lead}",
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype, "score_grad must keep the dtype"
+    course.expect_close(got, expected, "score_grad", atol=1e-10 if dtype == torch.float64 else 1e-5)
+    course.expect_close(score_grad(p[..., 2:], dp[..., 2:], o, do), expected[..., 2:], "score_grad on a tile",
                         atol=1e-10 if dtype == torch.float64 else 1e-5)
 p, dp, o, do, expected = _score_grad_case(None, (2, 3), 6, 4)
 # every row of dS sums to zero (the softmax's gradient is orthogonal to shifts)
@@ -1321,8 +1321,8 @@ for (b, h, h_kv, n_q, n_k, d), causal, dtype, tol in [((1, 2, 1, 33, 33, 32), Tr
     rep = h // h_kv
     out, lse = _naive_attention(q.double().cpu(), k.double().cpu().repeat_interleave(rep, 1),
                                 v.double().cpu().repeat_interleave(rep, 1), causal)
-    course.expect_close(result[0].cpu().double(), out, f"kernel output {b, h, h_kv, n_q, n_k, d} causal={causal} {dtype}", atol=tol)
-    course.expect_close(result[1].cpu().double(), lse, f"kernel lse {b, h, h_kv, n_q, n_k, d} causal={causal} {dtype}", atol=tol)
+    course.expect_close(result[0].cpu().double(), out, "the kernel's output", atol=tol)
+    course.expect_close(result[1].cpu().double(), lse, "the kernel's lse", atol=tol)
 ### END HIDDEN TESTS
 
 # %%

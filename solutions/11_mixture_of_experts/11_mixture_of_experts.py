@@ -219,14 +219,14 @@ for tokens, n_experts, k, dtype in [(17, 8, 2, torch.float32), (5, 4, 4, torch.f
     logits = 3 * torch.randn(tokens, n_experts, dtype=dtype)
     weights, experts = top_k_routing(logits, k)
     ref_weights, ref_experts = torch.softmax(logits, -1).topk(k, dim=-1)
-    course.expect_equal(tuple(weights.shape), (tokens, k), f"weights shape ({tokens}, {n_experts}), k={k}")
-    assert weights.dtype == dtype, f"the weights must keep the logits' dtype {dtype}"
+    course.expect_equal(tuple(weights.shape), (tokens, k), "the shape of the weights")
+    assert weights.dtype == dtype, "the weights must keep the logits' dtype"
     assert experts.dtype == torch.int64, "experts must be int64"
-    course.expect_equal(experts.tolist(), ref_experts.tolist(), f"experts ({tokens}, {n_experts}), k={k}")
-    course.expect_close(weights, ref_weights / ref_weights.sum(-1, keepdim=True), f"weights ({tokens}, {n_experts}), k={k}")
-    course.expect_close(weights.sum(-1), torch.ones(tokens, dtype=dtype), f"renormalized weights sum to 1, k={k}")
+    course.expect_equal(experts.tolist(), ref_experts.tolist(), "the experts chosen")
+    course.expect_close(weights, ref_weights / ref_weights.sum(-1, keepdim=True), "the renormalized weights")
+    course.expect_close(weights.sum(-1), torch.ones(tokens, dtype=dtype), "renormalized weights sum to 1")
     raw, _ = top_k_routing(logits, k, normalize=False)
-    course.expect_close(raw, ref_weights, f"unnormalized weights ({tokens}, {n_experts}), k={k}")
+    course.expect_close(raw, ref_weights, "the unnormalized weights")
 # large logits: no overflow
 logits = torch.tensor([[1000.0, 999.0, -1000.0], [-500.0, -480.0, -490.0]])
 weights, experts = top_k_routing(logits, 2)
@@ -352,15 +352,15 @@ for tokens, n_experts, k, dtype in [(50, 8, 2, torch.float32), (7, 3, 1, torch.f
     expected = n_experts * (one_hot.mean(0) / k * probs.mean(0)).sum()
     got = load_balancing_loss(probs, experts, n_experts)
     assert isinstance(got, torch.Tensor) and got.dim() == 0, "the loss must be a 0-dim tensor"
-    assert got.dtype == dtype, f"the loss must keep probs' dtype {dtype}"
-    course.expect_close(got, expected, f"load_balancing_loss ({tokens}, {n_experts}), k={k}")
+    assert got.dtype == dtype, "the loss must keep probs' dtype"
+    course.expect_close(got, expected, "load_balancing_loss")
 # perfect balance gives 1 for any number of experts and any k; collapse onto one expert gives N
 for n_experts, k in [(2, 1), (8, 2), (6, 3)]:
     tokens = n_experts * 5
     uniform = torch.full((tokens, n_experts), 1.0 / n_experts, dtype=torch.float64)
     balanced = torch.stack([torch.arange(i, i + k) % n_experts for i in range(tokens)])
     course.expect_close(load_balancing_loss(uniform, balanced, n_experts), torch.tensor(1.0, dtype=torch.float64),
-                        f"balanced loss, N={n_experts}, k={k}")
+                        "load_balancing_loss of a perfectly balanced router is 1")
 collapsed = torch.zeros(10, 5, dtype=torch.float64)
 collapsed[:, 2] = 1.0
 course.expect_close(load_balancing_loss(collapsed, torch.full((10, 1), 2), 5), torch.tensor(5.0, dtype=torch.float64),
@@ -462,8 +462,8 @@ for tokens, n_experts, dtype in [(40, 8, torch.float32), (3, 64, torch.float64),
     logits = 4 * torch.randn(tokens, n_experts, dtype=dtype)
     got = router_z_loss(logits)
     assert isinstance(got, torch.Tensor) and got.dim() == 0, "the z-loss must be a 0-dim tensor"
-    assert got.dtype == dtype, f"the z-loss must keep the logits' dtype {dtype}"
-    course.expect_close(got, torch.logsumexp(logits, -1).square().mean(), f"router_z_loss ({tokens}, {n_experts}) {dtype}")
+    assert got.dtype == dtype, "the z-loss must keep the logits' dtype"
+    course.expect_close(got, torch.logsumexp(logits, -1).square().mean(), "router_z_loss")
 big = torch.tensor([[3000.0, 2999.0, -5.0], [-4000.0, -4000.0, -4001.0]], dtype=torch.float32)
 got = router_z_loss(big)
 assert torch.isfinite(got), "the z-loss must stay finite for logits in the thousands"
@@ -618,11 +618,12 @@ for tokens, n, k, capacity in [(40, 4, 2, None), (40, 4, 2, 12), (23, 8, 1, 2), 
     experts = logits.topk(k, dim=-1).indices
     rows, slots, counts = dispatch_plan(experts.clone(), n, capacity)
     exp_rows, exp_slots, exp_counts = _naive_plan(experts, n, capacity)
-    for name, value in (("rows", rows), ("slots", slots), ("counts", counts)):
-        assert isinstance(value, torch.Tensor) and value.dtype == torch.int64, f"{name} must be an int64 tensor"
-    course.expect_equal(counts.tolist(), exp_counts, f"counts, {tokens} tokens, {n} experts, k={k}, capacity={capacity}")
-    course.expect_equal(rows.tolist(), exp_rows, f"rows, {tokens} tokens, {n} experts, k={k}, capacity={capacity}")
-    course.expect_equal(slots.tolist(), exp_slots, f"slots, {tokens} tokens, {n} experts, k={k}, capacity={capacity}")
+    for value, message in ((rows, "rows must be an int64 tensor"), (slots, "slots must be an int64 tensor"),
+                           (counts, "counts must be an int64 tensor")):
+        assert isinstance(value, torch.Tensor) and value.dtype == torch.int64, message
+    course.expect_equal(counts.tolist(), exp_counts, "dispatch_plan's counts")
+    course.expect_equal(rows.tolist(), exp_rows, "dispatch_plan's rows")
+    course.expect_equal(slots.tolist(), exp_slots, "dispatch_plan's slots")
 # an expert that nobody chose keeps nothing, and the counts still have n_experts entries
 rows, slots, counts = dispatch_plan(torch.tensor([[2], [2], [0]]), 5, None)
 course.expect_equal(counts.tolist(), [1, 0, 2, 0, 0], "counts with unused experts")
@@ -719,8 +720,8 @@ for tokens, d, k, kept, dtype in [(30, 7, 2, 45, torch.float32), (5, 3, 3, 15, t
     for i in range(kept):
         expected[rows[i]] += weights[rows[i], slots[i]] * outputs[i]
     got = combine(outputs, rows, slots, weights, tokens)
-    assert isinstance(got, torch.Tensor) and got.dtype == dtype, f"combine must return outputs' dtype {dtype}"
-    course.expect_close(got, expected, f"combine, {tokens} tokens, k={k}, {kept} kept", atol=1e-5 if dtype == torch.float32 else 1e-12)
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype, "combine must return the outputs' dtype"
+    course.expect_close(got, expected, "combine", atol=1e-5 if dtype == torch.float32 else 1e-12)
 # a token whose every choice was kept gets both; repeated rows add up whatever their order
 outputs = torch.randn(4, 3, dtype=torch.float64)
 weights = torch.rand(3, 2, dtype=torch.float64)
