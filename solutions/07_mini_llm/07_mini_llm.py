@@ -1659,11 +1659,11 @@ def _to_device(batch, device):
 # tokens, about nine passes over the 347,000 training tokens), the shipped model reached
 # 1.467 nats per character on the validation text, and a GPT-2-style model of exactly the
 # same size (1,066,112 parameters: learned positions, LayerNorm, GELU; neither has biases)
-# 1.527. The second run is
+# 1.524. The second run is
 #
 #     python -m minillm train --threads 1 --positions learned --norm layernorm --ffn gelu --out build/gpt2-style.pt
 #
-# (8.6 minutes on a busy two-core machine). `python -m minillm train` with no options
+# (7.3 minutes on a busy two-core machine). `python -m minillm train` with no options
 # repeats the recipe itself; it writes into `build/`, so the shipped model in `data/`
 # stays as it is (only `make train` replaces it), and it prints the command that talks
 # to the model it trained.
