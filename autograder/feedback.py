@@ -176,7 +176,7 @@ def render(chapter, notebook, results: dict, verdicts: dict | None = None) -> st
     if shown is None:
         return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{SUMMARY_STYLE}</head>"
                 f"<body>{summary}</body></html>")
-    body, _ = _exporter().from_notebook_node(shown)
+    body, _ = exporter().from_notebook_node(shown)
     return _insert(with_vendored_mathjax(body), summary)
 
 
@@ -217,7 +217,8 @@ def with_vendored_mathjax(page: str, src: str | None = None) -> str:
 _EXPORTER = None
 
 
-def _exporter():
+def exporter():
+    """The notebook-to-HTML exporter of the course's pages (JupyterLab's look, no prompts)."""
     global _EXPORTER
     if _EXPORTER is None:
         from nbconvert import HTMLExporter

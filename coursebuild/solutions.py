@@ -27,11 +27,8 @@ MATHJAX = "mathjax/tex-svg.js"
 
 def page(slug: str) -> str:
     """The HTML of one chapter's solution notebook, from its stored outputs."""
-    from nbconvert import HTMLExporter
-
     notebook = nbformat.read(paths.solution_notebook(slug), as_version=4)
-    exporter = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": f"{slug} (solutions)"}})
+    body, _ = feedback.exporter().from_notebook_node(notebook, resources={"metadata": {"name": f"{slug} (solutions)"}})
     return feedback.with_vendored_mathjax(body, src=MATHJAX)
 
 
