@@ -340,8 +340,3 @@ def grade_files(paths, out: Path, chapter: str | None = None, *, jobs: int = 1, 
         bar.close()
         write_summary(out, [(job, done[job.name]) for job in batch if job.name in done], planned.flagged)
     return Batch([(job, done[job.name]) for job in batch], planned.flagged)
-
-
-def grade_one(path: Path, out: Path, chapter: str | None = None, **options) -> dict:
-    """Grade a single notebook into ``out/submissions/<name>/``."""
-    return grade_files([path], out, chapter, **options).outcomes[0]
