@@ -149,7 +149,7 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
     groups = () if visible_only else view.held_groups(chapter)
     apart = frozenset().union(*groups)
-    groups = [group - set(settled) for group in groups if group - set(settled)]
+    groups = [group for group in (group - frozenset(settled) for group in groups) if group]
     everything = {c.exercise for c in chapter.tests}
     first = await _execute_once(chapter, notebook, limits, jobs=jobs, seed=seed, visible_only=visible_only,
                                 names=names, scratch=scratch, checks=None if not apart else everything - apart)

@@ -117,9 +117,7 @@ def held_groups(chapter) -> tuple[frozenset[str], ...]:
     (greedy colouring, in the chapter's order): so the exercises a check calls are the
     package's in its kernel, never stubs.
     """
-    stubbed = _stubbed_cells(chapter)
-    held = [c for c in chapter.cells if c.kind == "answer" and marks.export_target(c.source)
-            and c.index not in stubbed]
+    held = _held_cells(chapter)
     names = {c.grade_id: set(chapter.answer_names.get(c.grade_id, ())) for c in held}
     calls = {c.grade_id: _references(c.source, answer=False) for c in held}
     groups: list[set[str]] = []
@@ -132,6 +130,13 @@ def held_groups(chapter) -> tuple[frozenset[str], ...]:
         else:
             groups.append({me})
     return tuple(frozenset(group) for group in groups)
+
+
+def _held_cells(chapter) -> list:
+    """The exported answer cells whose solution the view keeps (the held exercises)."""
+    stubbed = _stubbed_cells(chapter)
+    return [c for c in chapter.cells if c.kind == "answer" and marks.export_target(c.source)
+            and c.index not in stubbed]
 
 
 def _stub_indexes(chapter, held: frozenset[str]) -> frozenset[int]:
@@ -169,14 +174,9 @@ def package_names(chapter, held: frozenset[str] = frozenset()) -> dict[str, str]
     these names to the package's while it checks the other exercises, so that a check of
     one exercise never runs the learner's answer to another (what the view gives away
     already, it may give here)."""
-    stubbed = _stub_indexes(chapter, held)
-    found = {}
-    for cell in chapter.cells:
-        target = marks.export_target(cell.source) if cell.kind == "answer" else None
-        if target and cell.index not in stubbed:
-            for name in chapter.answer_names.get(cell.grade_id, ()):
-                found[name] = target[:-3].replace("/", ".")
-    return found
+    return {name: marks.export_target(cell.source)[:-3].replace("/", ".")
+            for cell in _held_cells(chapter) if cell.grade_id not in held
+            for name in chapter.answer_names.get(cell.grade_id, ())}
 
 
 def write(chapter, package: Path, out: Path, held: frozenset[str] = frozenset()) -> Path:
