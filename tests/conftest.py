@@ -2,14 +2,45 @@
 import fcntl
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from coursebuild import paths
 
 SLUGS = paths.present_slugs()
+
+# The machine-independence run (`make test-numerics`) sets these: torch's thread count for every
+# test, and the tests in reverse order, so that no result leans on one machine's rounding or on
+# what an earlier test left behind.
+THREADS = int(os.environ.get("MINILLM_TEST_THREADS", "0"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("MINILLM_TEST_ORDER") == "reversed":
+        items.reverse()
+
+
+@pytest.fixture(autouse=True)
+def restore_global_state():
+    """Give every test the process as the last one found it: torch's thread count, default dtype
+    and random state, Python's random state and the environment are put back afterwards, so no
+    test's result depends on which tests ran before it in the same worker."""
+    if THREADS:
+        torch.set_num_threads(THREADS)
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch_rng, python_rng, environ = torch.get_rng_state(), random.getstate(), dict(os.environ)
+    yield
+    torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+    torch.set_rng_state(torch_rng)
+    random.setstate(python_rng)
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture(scope="session")

@@ -139,4 +139,4 @@ def test_grad_accum_on_the_command_line_equals_the_larger_batch(tmp_path):
         main(_train_command(folder, corpus, "--steps", "3")[2:] + extra)  # without "-m minillm"
         losses[name] = load_checkpoint(folder / "model.pt")["train_loss"]
     assert len(losses["whole"]) == 3
-    assert torch.allclose(torch.tensor(losses["whole"]), torch.tensor(losses["accumulated"]), rtol=0, atol=1e-5)
+    assert torch.allclose(torch.tensor(losses["whole"]), torch.tensor(losses["accumulated"]), rtol=1e-5, atol=1e-5)

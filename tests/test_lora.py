@@ -130,7 +130,7 @@ def test_merge_and_unmerge_are_exact():
         lora.merge_lora(model)
     lora.unmerge_lora(model)
     for key, value in model.state_dict().items():
-        torch.testing.assert_close(value, weights[key], atol=1e-6, rtol=0)
+        torch.testing.assert_close(value, weights[key], atol=1e-6, rtol=1.3e-6)
     torch.testing.assert_close(model(x)[0], adapted, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="not merged"):
         lora.unmerge_lora(model)
@@ -259,6 +259,7 @@ def test_checkpoint_holds_the_adapters_only_and_loads_onto_its_base(tmp_path):
     assert path.stat().st_size < full.stat().st_size / 5
     fresh = lora.load_lora(path, small_gpt())  # a plain base, wrapped as the file says
     x = ids()
+    # bit equality: the file holds the very adapter tensors, and the same kernels run on them
     torch.testing.assert_close(fresh(x)[0], model(x)[0], atol=0, rtol=0)
     again = lora.apply_lora(small_gpt(), r=4, alpha=8.0, targets=("q", "v", "o"))  # or one wrapped already
     torch.testing.assert_close(lora.load_lora(path, again)(x)[0], model(x)[0], atol=0, rtol=0)

@@ -234,6 +234,7 @@ def test_done_when_a_new_ffn_builds_trains_counts_and_round_trips(ffns, tmp_path
     loaded = load_model(path)
     assert loaded.config == config and loaded.config.ffn_options == {"scale": 2.0}
     model.eval()
+    # bit equality: the checkpoint holds the very tensors, and the same kernels run on them
     torch.testing.assert_close(loaded(ids)[0], model(ids)[0], rtol=0, atol=0)
 
 
@@ -327,7 +328,7 @@ def test_decoder_is_causal_and_encoder_is_not(positions):
     changed = ids.clone()
     changed[:, 5] = (changed[:, 5] + 1) % 61
     a, b = model(ids)[0], model(changed)[0]
-    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=0, atol=1e-6, msg="a later token changed an earlier position")
+    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=1.3e-6, atol=1e-5, msg="a later token changed an earlier position")
     assert not torch.allclose(a[:, 5:], b[:, 5:])
     if positions != "alibi":
         encoder = GPT(GPTConfig(**SMALL, positions=positions, architecture="encoder", init_std=0.2)).eval()
@@ -479,7 +480,7 @@ def test_an_all_true_mask_changes_nothing():
     model = GPT(GPTConfig(**SMALL, positions="rope", init_std=0.2)).eval()
     ids = _ids()
     torch.testing.assert_close(model(ids, attention_mask=torch.ones(2, 9, dtype=torch.bool))[0], model(ids)[0],
-                               atol=1e-6, rtol=0)
+                               rtol=1.3e-6, atol=1e-5)
 
 
 # ---------------------------------------------------------------- compiling

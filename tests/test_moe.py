@@ -65,7 +65,7 @@ def test_top_k_weights_are_the_largest_probabilities_renormalized(k):
     logits = 2 * torch.randn(64, 8, generator=_gen(k), dtype=torch.float64)
     weights, experts = top_k_routing(logits, k)
     probs = torch.softmax(logits, -1)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(64, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(64, dtype=torch.float64), atol=1e-12, rtol=0)  # values of 1: absolute is relative
     # the chosen experts are the k most probable ones, in decreasing order
     ranked = probs.argsort(-1, descending=True)[:, :k]
     assert torch.equal(experts, ranked)
@@ -158,7 +158,7 @@ def test_dispatch_equals_a_per_token_loop_with_and_without_dropping(dispatcher, 
     expected, expected_kept = _naive_moe(x, experts, weights, fns, capacity)
     y, kept = DISPATCHERS[dispatcher](x, experts, weights, fns, capacity)
     assert torch.equal(kept, expected_kept)
-    torch.testing.assert_close(y, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(y, expected, atol=1e-12, rtol=1e-12)
     if factor is not None and factor < 2:
         assert not kept.all()  # the case really drops something
 
@@ -216,7 +216,7 @@ def test_the_layer_is_the_formula_per_token_with_its_own_experts():
     tokens = x.reshape(-1, 8)
     weights, experts = top_k_routing(tokens @ layer.router.weight.T, 2)
     expected, kept = _naive_moe(tokens, experts, weights, list(layer.experts), expert_capacity(20, 4, 2, 1.0))
-    torch.testing.assert_close(layer(x), expected.reshape(2, 10, 8), atol=1e-12, rtol=0)
+    torch.testing.assert_close(layer(x), expected.reshape(2, 10, 8), atol=1e-12, rtol=1e-12)
     assert layer.last_stats["dropped"].item() == pytest.approx(1 - kept.double().mean().item())
 
 
@@ -227,11 +227,11 @@ def test_sorted_and_masked_layers_agree_in_values_and_gradients():
     b.load_state_dict(a.state_dict())
     x = torch.randn(4, 9, 8, dtype=torch.float64)
     ya, yb = a(x), b(x)
-    torch.testing.assert_close(ya, yb, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ya, yb, atol=1e-12, rtol=1e-12)
     (ya.square().sum() + a.aux_loss).backward()
     (yb.square().sum() + b.aux_loss).backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-10, rtol=0, msg=name)
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-10, rtol=1e-10, msg=name)
 
 
 def test_the_router_gets_gradients_from_the_output_and_from_each_auxiliary_loss():
