@@ -126,8 +126,11 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {error}")
         return 0
 
-    from .sandbox import Limits
+    from .sandbox import Limits, isolation
 
+    said = isolation().statement(own_work=args.command == "check")
+    if said:
+        print(said, file=sys.stderr if args.command == "grade" else sys.stdout, flush=True)
     if args.command == "check":
         from .check import check_command
 

@@ -8,7 +8,8 @@ learner's code needs (system libraries, the Python installation and virtual envi
 the course package (or the view of it that the spec lays over it), the course data, and the sandbox folder), mounts a fresh ``/proc``,
 ``/tmp`` and ``/dev``, and drops to an unprivileged user. In every case it sets the
 resource limits, closes inherited file descriptors, and replaces the environment with the
-spec's before it executes the command.
+spec's before it executes the command. It only lowers limits, so it also starts where
+raising one is not allowed (an ordinary user, root in a container).
 """
 import ctypes
 import fcntl
@@ -89,6 +90,17 @@ def build_root(spec):
     os.chroot(root)
 
 
+def set_limit(limit, value):
+    """Lower ``limit`` to ``value`` (soft and hard), never above the hard limit in force: raising
+    a hard limit needs CAP_SYS_RESOURCE, which an ordinary user and a container's root lack.
+    ``None`` asks for no limit, so the one in force stays."""
+    if value is None:
+        return
+    _, hard = resource.getrlimit(limit)
+    value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+    resource.setrlimit(limit, (value, value))
+
+
 def main(argv):
     spec_path, separator, command = argv[1], argv[2], argv[3:]
     if separator != "--" or not command:
@@ -113,9 +125,7 @@ def main(argv):
         build_root(spec)
     os.chdir(spec["cwd"])
     for name, value in spec["rlimits"].items():
-        limit = getattr(resource, "RLIMIT_" + name)
-        value = resource.RLIM_INFINITY if value is None else int(value)
-        resource.setrlimit(limit, (value, value))
+        set_limit(getattr(resource, "RLIMIT_" + name), value)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if uid is not None:
         os.setgroups([])

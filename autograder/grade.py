@@ -197,8 +197,10 @@ def _grade_job(job: Job, limits: Limits, jobs: int, seed: int | None, scratch: s
 
         chapter = load_chapter(job.chapter)
         detail = traceback.format_exc()[-4000:]
+        # The learner sees the error's first line only: its log (a traceback) is the instructor's.
+        first_line = (str(error).splitlines() or [""])[0][:300]
         outcome = results.unreadable(chapter, f"not graded: the grader failed on this notebook ({type(error).__name__}: "
-                                     f"{str(error)[:300]}); it will be graded again on the next run",
+                                     f"{first_line}); it will be graded again on the next run",
                                      {"file": job.path, "name": job.name, "student": job.student,
                                       "layout": job.layout},
                                      kind="grader-error", grader_error=detail)

@@ -9,12 +9,13 @@ whose ``run_autograder`` calls this. The layout is Gradescope's: the submitted f
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 from . import course
 from .grade import grade_files
-from .sandbox import Limits
+from .sandbox import Limits, isolation
 
 
 def submitted_notebook(folder: Path, slug: str) -> tuple[Path | None, str]:
@@ -40,6 +41,9 @@ def run(chapter: str, root: Path, limits: Limits | None = None) -> dict:
     """Grade the submission under ``root`` and write ``root/results/results.json``."""
     [slug] = course.resolve_slugs([chapter])
     root = Path(root)
+    said = isolation().statement(own_work=False)
+    if said:  # the autograder's output: the instructor's, never the student's
+        print(said, flush=True)
     (root / "results").mkdir(parents=True, exist_ok=True)
     notebook, note = submitted_notebook(root / "submission", slug)
     if notebook is None:
@@ -49,5 +53,10 @@ def run(chapter: str, root: Path, limits: Limits | None = None) -> dict:
         with tempfile.TemporaryDirectory() as out:
             [(_, results)] = grade_files([notebook], Path(out), slug, course=False, limits=limits).rows
         results["output"] = results.get("output", "") + note
+    # Gradescope shows results.json to the student: the grader's own failure (a traceback) goes
+    # to the autograder's output, which only the instructor sees.
+    detail = results.get("extra_data", {}).pop("grader_error", "")
+    if detail:
+        print(f"the grader failed on {notebook.name}:\n{detail}", file=sys.stderr)
     (root / "results" / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     return results

@@ -150,6 +150,18 @@ class Isolation:
         return [{"kind": "no-network-isolation", "detail": detail.format("network isolation")},
                 {"kind": "no-filesystem-isolation", "detail": detail.format("a separate root file system")}]
 
+    def statement(self, own_work: bool) -> str:
+        """One plain sentence on what isolation the notebooks get here ("" when they get it all).
+        ``own_work``: a learner checking their own notebook, who needs no isolation from themselves."""
+        if self.namespaces:
+            return ""
+        if own_work:
+            return (f"Your notebook runs as you, with time and memory limits but without the grader's sandbox "
+                    f"({self.reason}). A self-check needs none: it runs only your own code, on your own machine.")
+        return (f"isolation: none ({self.reason}): each notebook runs as this user, with time, memory and process "
+                "limits only, and can read what this user can read and reach the network. Grade as root on a "
+                "machine that allows namespaces (unshare) to isolate submissions.")
+
 
 @lru_cache(maxsize=1)
 def isolation() -> Isolation:

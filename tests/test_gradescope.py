@@ -1,6 +1,7 @@
 """make gradescope: the zip's run_autograder grades in Gradescope's layout, from the zip alone."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,7 +34,13 @@ def source(tmp_path_factory):
     return root / "source"
 
 
-def grade(source, tmp_path, files: dict) -> dict:
+# A Docker container's root, as Gradescope's: without CAP_SYS_ADMIN (so no namespaces) and
+# without CAP_SYS_RESOURCE (so no hard limit can be raised).
+CONTAINER_ROOT = ["setpriv", "--bounding-set=-sys_admin,-sys_resource", "--inh-caps=-sys_admin,-sys_resource"]
+
+
+def grade(source, tmp_path, files: dict, prefix: tuple = ()) -> dict:
+    """Grade ``files`` as Gradescope would, with ``run_autograder`` started under ``prefix``."""
     root = tmp_path / "autograder"
     (root / "submission").mkdir(parents=True)
     os.symlink(source, root / "source")
@@ -41,16 +48,29 @@ def grade(source, tmp_path, files: dict) -> dict:
         nbformat.write(notebook, root / "submission" / name)
     env = {**os.environ, "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable, "PYTHONPATH": str(source)}
     env.pop("MINILLM_COURSE_ROOT", None)
-    done = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
+    done = subprocess.run([*prefix, "bash", str(root / "source" / "run_autograder")], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((root / "results" / "results.json").read_text())
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert "Traceback" not in json.dumps(results), "a traceback reached the student's results.json"
+    return results | {"stdout": done.stdout}
 
 
 def test_an_honest_submission_earns_full_marks(source, tmp_path):
     results = grade(source, tmp_path, {f"{SLUG}.ipynb": with_answers(SLUG)})
     assert results["score"] == results["max_score"] > 0
     assert all(t["status"] == "passed" for t in results["tests"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to play a container's root")
+def test_an_honest_submission_earns_full_marks_where_namespaces_are_denied(source, tmp_path):
+    """Gradescope's container: root, but unshare and raising a hard limit are refused. The grader
+    still grades, says once that it cannot isolate, and sets only the limits it may."""
+    assert subprocess.run([*CONTAINER_ROOT, "unshare", "--net", "true"], capture_output=True).returncode != 0
+    results = grade(source, tmp_path, {f"{SLUG}.ipynb": with_answers(SLUG)}, prefix=tuple(CONTAINER_ROOT))
+    assert results["score"] == results["max_score"] > 0, [(t["name"], t["output"]) for t in results["tests"]]
+    assert results["stdout"].count("isolation: none (unshare failed") == 1, results["stdout"]
+    assert {f["kind"] for f in results["extra_data"]["flags"]} >= {"no-network-isolation", "no-filesystem-isolation"}
 
 
 def test_an_empty_submission_earns_nothing_and_says_why(source, tmp_path):
