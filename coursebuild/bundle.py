@@ -139,9 +139,12 @@ $(BIN)/jupyter: pyproject.toml constraints.txt
 \t$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
 \t@touch $@
 
+# A learner's lab: lab/learner/ (an extra Jupyter config folder) turns off nbgrader's
+# instructor tools and its assignment list.
+LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
 lab: $(BIN)/jupyter
 \t@mkdir -p work && cp -rn chapters/. work/
-\tcd work && ../$(BIN)/jupyter lab $(ROOT_FLAG)
+\tcd work && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) ../$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 
 self-check: $(BIN)/jupyter
 \t$(BIN)/python -m autograder check $(CHAPTER) --work work
@@ -222,6 +225,7 @@ def build(upto: str, out: Path, due: str | None = None) -> Path:
     _copy_tree(paths.ROOT / "data", target / "data")
     # The learner's self-check: the grader's code, which holds no solution and no hidden test.
     _copy_tree(paths.ROOT / "autograder", target / "autograder")
+    _copy_tree(paths.ROOT / "lab" / "learner", target / "lab" / "learner")
 
     modules, exercises = {}, {}
     generated = package.exports(paths.present_slugs())

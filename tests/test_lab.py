@@ -14,6 +14,9 @@ INSTRUCTOR_PLUGINS = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-
 # Served by the formgrader, course list and validate server extensions (validate answers
 # POST only: a GET there is 405 when it is served, 404 when it is not).
 INSTRUCTOR_PAGES = ("/formgrader", "/formgraders", "/assignments/validate")
+# nbgrader's assignment list (fetch and submit through an exchange folder): the course has no
+# exchange, so its menu would only open an error.
+ASSIGNMENT_LIST = "@jupyter/nbgrader:assignment-list"
 
 
 def _lab(target: str, tmp_path, *make_args):
@@ -39,8 +42,8 @@ def test_make_lab_serves_the_course_without_instructor_tools_and_keeps_the_learn
     with _lab("lab", tmp_path, f"WORK={work}") as server:
         assert "started" in server.json("/api/status")
         assert set(INSTRUCTOR_PLUGINS) <= _disabled_plugins(server), "the learner's lab shows instructor menus"
-        assert "@jupyter/nbgrader:assignment-list" not in _disabled_plugins(server)
-        for page in INSTRUCTOR_PAGES:
+        assert ASSIGNMENT_LIST in _disabled_plugins(server), "the learner's lab shows nbgrader's Assignment List"
+        for page in (*INSTRUCTOR_PAGES, "/assignments"):
             assert server.get(page)[0] == 404, f"{page} is served in the learner's lab"
     assert (mine / "00_history.ipynb").read_text() == "my answers", "make lab overwrote the learner's work"
     for slug in paths.present_slugs():
