@@ -152,14 +152,14 @@ check: $(STAMP)
 	$(BIN)/python -m coursebuild check
 
 # Learner notebooks 00..UPTO and a minillm complete only for the chapters due (by default
-# those before UPTO): dist/student-bundle-upto-NN/ and its zip. See docs/grading.md.
+# those before UPTO): dist/student-bundle-upto-NN-due-MM/ and its zip. See docs/grading.md.
 student-bundle: $(STAMP)
 	$(BIN)/python -m coursebuild bundle --upto $(UPTO) $(if $(DUE),--due $(DUE))
 
 # A latecomer in a graded class: every chapter before CHAPTER complete (the trained model
-# included, in data/), CHAPTER itself as exercises. dist/student-bundle-upto-NN/.
+# included, in data/), CHAPTER itself as exercises. dist/catch-up-NN/.
 catch-up: $(STAMP)
-	$(BIN)/python -m coursebuild bundle --upto $(CHAPTER)
+	$(BIN)/python -m coursebuild bundle --upto $(CHAPTER) --catch-up
 
 # The Gradescope autograder of one chapter: dist/gradescope-NN.zip (it holds the chapter's
 # solutions and hidden tests: upload it to Gradescope, never hand it out).

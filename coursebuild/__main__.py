@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("chapters", nargs="*", help="slugs or numbers (default: every chapter)")
     parser.add_argument("--execute", action="store_true", help="notebooks: run them for outputs")
     parser.add_argument("--upto", help="bundle: the last chapter handed out (slug or number)")
+    parser.add_argument("--catch-up", action="store_true",
+                        help="bundle: a latecomer's, every chapter before --upto complete (folder catch-up-NN)")
     parser.add_argument("--due", help="bundle: the last chapter already due (default: the one before --upto; 'none')")
     parser.add_argument("--out", type=Path, default=paths.ROOT / "dist", help="bundle, gradescope: where it goes (default: dist/)")
     args = parser.parse_intermixed_args(argv)
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
         if not args.upto:
             parser.error("bundle needs --upto NN")
         try:
-            folder = bundle.build(args.upto, args.out, args.due)
+            folder = bundle.build(args.upto, args.out, args.due, catch_up=args.catch_up)
         except (ValueError, FileExistsError) as error:
             parser.error(str(error))
         print(f"wrote {folder} and {folder.with_suffix('.zip').name}")

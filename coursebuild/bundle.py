@@ -208,13 +208,22 @@ def write_zip(folder: Path, *, inside_folder: bool = True, executable: tuple[str
     return archive
 
 
-def build(upto: str, out: Path, due: str | None = None) -> Path:
-    """Write ``out/student-bundle-upto-NN/`` and its zip; returns the folder.
+def folder_name(handed_out: list[str], due_slugs: list[str], catch_up: bool = False) -> str:
+    """``student-bundle-upto-NN-due-MM`` (``due-none`` when nothing is due), or a latecomer's
+    ``catch-up-NN``: bundles that differ never share a folder."""
+    upto = handed_out[-1][:2]
+    if catch_up:
+        return f"catch-up-{upto}"
+    return f"student-bundle-upto-{upto}-due-{due_slugs[-1][:2] if due_slugs else 'none'}"
+
+
+def build(upto: str, out: Path, due: str | None = None, catch_up: bool = False) -> Path:
+    """Write ``out/<folder_name>/`` and its zip; returns the folder.
 
     A folder of that name is replaced only when an earlier bundle wrote it.
     """
     handed_out, due_slugs = plan(upto, due)
-    target = Path(out) / f"student-bundle-upto-{handed_out[-1].split('_', 1)[0]}"
+    target = Path(out) / folder_name(handed_out, due_slugs, catch_up)
     if target.exists():
         if not (target / MARKER).is_file():
             raise FileExistsError(f"{target} exists and is not a student bundle: not overwriting it")

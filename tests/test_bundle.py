@@ -34,7 +34,9 @@ def files_of(folder: Path) -> dict[str, str]:
 def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
     top = sorted(p.name for p in built.iterdir())
     assert top == ["Makefile", "README.md", "autograder", "bundle.json", "chapters", "constraints.txt", "data",
-                   "environment.yml", "minillm", "pyproject.toml"]
+                   "environment.yml", "lab", "minillm", "pyproject.toml"]
+    assert json.loads((built / "lab" / "learner" / "jupyter_server_config.json").read_text()) == \
+        json.loads((paths.ROOT / "lab" / "learner" / "jupyter_server_config.json").read_text()), "the learner's lab config"
     assert (built / "constraints.txt").read_text() == (paths.ROOT / "constraints.txt").read_text()
     assert "-c constraints.txt" in (built / "Makefile").read_text(), "the bundle installs the pinned versions"
     assert sorted(p.name for p in (built / "chapters").iterdir()) == [*DUE, NOT_DUE]
@@ -93,11 +95,11 @@ def test_bad_arguments_and_a_foreign_folder(tmp_path):
         bundle.plan("01", due="02")
     assert bundle.plan("00") == (["00_history"], [])
     assert bundle.plan("02", due="none") == ([*DUE, NOT_DUE], [])
-    (tmp_path / "student-bundle-upto-01").mkdir()
-    (tmp_path / "student-bundle-upto-01" / "notes.txt").write_text("an instructor's file")
+    (tmp_path / "student-bundle-upto-01-due-00").mkdir()
+    (tmp_path / "student-bundle-upto-01-due-00" / "notes.txt").write_text("an instructor's file")
     with pytest.raises(FileExistsError, match="not a student bundle"):
         bundle.build("01", tmp_path)
-    assert (tmp_path / "student-bundle-upto-01" / "notes.txt").read_text() == "an instructor's file"
+    assert (tmp_path / "student-bundle-upto-01-due-00" / "notes.txt").read_text() == "an instructor's file"
 
 
 def with_answers(slug: str):
@@ -294,3 +296,10 @@ def test_the_bundle_checks_itself_with_the_visible_checks_only(built, tmp_path):
     assert "4 of 4 visible checks pass." in done.stdout
     assert "a hidden check, run when your notebook is graded" in done.stdout
     assert "make self-check" in (built / "Makefile").read_text() and "help:" in (built / "Makefile").read_text()
+
+
+def test_bundles_that_differ_never_share_a_folder():
+    made = {(due, catch_up): bundle.folder_name(*bundle.plan("05", due), catch_up=catch_up)
+            for due, catch_up in ((None, False), ("03", False), ("none", False), (None, True))}
+    assert made[(None, False)] == "student-bundle-upto-05-due-04" and made[(None, True)] == "catch-up-05"
+    assert len(set(made.values())) == len(made), made
