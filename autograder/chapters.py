@@ -28,12 +28,13 @@ def chapter_of(path: Path, chapter: str | None = None) -> str:
     """The slug of the chapter to grade ``path`` against.
 
     ``chapter`` (a slug or its two-digit number) wins; otherwise the file name must start
-    with a chapter's number or slug, as the released notebooks are named.
+    with a chapter's number or slug, as the released notebooks are named, after a
+    ``<student>__`` prefix if it has one (``alice__00_history.ipynb``).
     """
     present = course.present_slugs()
     if chapter is not None:
         return course.resolve_slugs([chapter], present)[0]
-    name = Path(path).name
+    name = Path(path).name.partition("__")[2] or Path(path).name
     matches = [slug for slug in present if name.startswith(slug) or name.startswith(slug[:3])]
     if len(matches) != 1:
         raise ValueError(

@@ -20,18 +20,27 @@ from .gradebook import CourseGradebook
 SUBMISSIONS = "submissions"
 
 
-def final_results(graded: dict, marks: dict[str, tuple[float | None, str]]) -> dict:
-    """``graded`` (a results.json the grader wrote) with the gradebook's ``marks``."""
+def final_results(graded: dict, scores: dict[str, float | None], comments: dict[str, str]) -> dict:
+    """``graded`` (a results.json the grader wrote) with the gradebook's ``scores`` and
+    ``comments``. A comment on an answer cell (the learner's code) goes with the exercise's
+    first check, where results.json and the feedback page show it."""
     final = copy.deepcopy(graded)
+    on_answer = dict(comments)
     for test in final["tests"]:
-        score, comment = marks.get(test["name"], (None, ""))
+        score, notes = scores.get(test["name"]), []
+        exercise = (test.get("tags") or ["", ""])[-1]
+        if exercise in on_answer:
+            notes.append(f"comment on your answer {exercise}: {on_answer.pop(exercise)}")
         if score is not None and score != test["score"]:
-            test["output"] = (f"score set by hand: {score:g} / {test['max_score']:g}"
-                              + (f" ({comment})" if comment else "") + (f"; {test['output']}" if test["output"] else ""))
+            notes.append(f"score set by hand: {score:g} / {test['max_score']:g}")
             test["score"] = score
+        if comments.get(test["name"]):
+            notes.append(f"comment: {comments[test['name']]}")
+        if notes:
+            test["output"] = "; ".join(notes + ([test["output"]] if test["output"] else []))
     manual = final["extra_data"].get("manual_grading", [])
     for item in manual:
-        item["score"], item["comment"] = marks.get(item["name"], (None, ""))
+        item["score"], item["comment"] = scores.get(item["name"]), comments.get(item["name"], "")
     waiting = sum(item["score"] is None for item in manual)
     final["score"] = sum(t["score"] for t in final["tests"]) + sum(m["score"] or 0.0 for m in manual)
     final["max_score"] = sum(t["max_score"] for t in final["tests"]) + sum(m["max_score"] for m in manual)
@@ -56,7 +65,7 @@ def refresh(out: Path, course: Path | None = None, stream=None) -> list[Path]:
                 continue
             folder = out / SUBMISSIONS / row["submission"]
             graded = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-            final = final_results(graded, gradebook.marks(row["chapter"], row["student"]))
+            final = final_results(graded, *gradebook.marks(row["chapter"], row["student"]))
             results.write(folder / "results.json", final)
             page = folder / "feedback.html"
             results.write_atomic(page, feedback.with_summary(page.read_text(encoding="utf-8"), final))

@@ -162,16 +162,16 @@ class CourseGradebook:
             return {grade.name: grade.score for grade in notebook.grades}
 
 
-    def marks(self, chapter_slug: str, student: str) -> dict[str, tuple[float | None, str]]:
-        """grade_id → (score, the instructor's comment) as nbgrader holds them: the manual
-        score where one was given, the automatic one otherwise; None for a cell that still
-        awaits its manual grade."""
+    def marks(self, chapter_slug: str, student: str) -> tuple[dict[str, float | None], dict[str, str]]:
+        """(grade_id → score, grade_id → the instructor's comment) as nbgrader holds them. The
+        score is the manual one where one was given, the automatic one otherwise, None for a
+        cell that still awaits its manual grade; comments are those formgrader took on any
+        cell, the answer cells' code included."""
         with self.gradebook() as gb:
             notebook = gb.find_submission_notebook(chapter_slug, chapter_slug, student)
-            comments = {c.name: c.manual_comment or "" for c in notebook.comments}
-            return {grade.name: (None if grade.manual_score is None and grade.auto_score is None else float(grade.score),
-                                 comments.get(grade.name, ""))
-                    for grade in notebook.grades}
+            scores = {grade.name: None if grade.manual_score is None and grade.auto_score is None else float(grade.score)
+                      for grade in notebook.grades}
+            return scores, {c.name: c.manual_comment for c in notebook.comments if c.manual_comment}
 
 
 def _collected_time(folder: Path):

@@ -199,6 +199,8 @@ def test_formgrader_lists_renders_and_keeps_manual_grades(tmp_path, fixture_chap
         override = fg.put(f"/formgrader/api/grade/{grades['bob']['scale_hidden']['id']}", {"manual_score": 1.0})
         assert (override["auto_score"], override["manual_score"]) == (0.0, 1.0)
         fg.put(f"/formgrader/api/comment/{comments['bob'][WRITTEN]['id']}", {"manual_comment": "Say which numbers."})
+        fg.put(f"/formgrader/api/comment/{comments['bob']['count_weights']['id']}",
+               {"manual_comment": "The bias adds d_out."})  # a comment on the learner's code
         expected = {"alice": 6.5, "bob": 3.0 + 1.0 + 0.75}
         submissions = {s["student"]: s for s in fg.get(f"/formgrader/api/submissions/{fx.SLUG}")}
         assert {k: (s["score"], s["needs_manual_grade"]) for k, s in submissions.items()} == {
@@ -238,10 +240,13 @@ def test_formgrader_lists_renders_and_keeps_manual_grades(tmp_path, fixture_chap
     assert (final["score"], final["max_score"]) == (expected["bob"], 7.0) and final["output"].endswith("final")
     tests = {t["name"]: t for t in final["tests"]}
     assert tests["scale_hidden"]["score"] == 1.0 and tests["scale_hidden"]["output"].startswith("score set by hand")
+    first_check = next(t for t in final["tests"] if t["tags"][-1] == "count_weights")
+    assert first_check["output"].startswith("comment on your answer count_weights: The bias adds d_out.")
     [written] = final["extra_data"]["manual_grading"]
     assert (written["score"], written["comment"]) == (0.75, "Say which numbers.")
     page = (folder / "feedback.html").read_text()
     assert f"{expected['bob']:g} / 7 points, final" in page and "Say which numbers." in page
+    assert "The bias adds d_out." in page, "the comment on the learner's code is not on the feedback page"
     assert BOB_WRITES in page, "the learner's notebook is still on the page"
 
 

@@ -213,3 +213,10 @@ def test_check_reports_each_exercise_with_the_visible_checks_only(tmp_path):
     assert "self_attention_visible: CheckFailed: self_attention: values differ" in text
     assert "not answered yet" in text and "a hidden check, run when your notebook is graded" in text
     assert "2 of 5 visible checks pass." in text
+
+
+def test_a_single_file_named_as_the_flat_layout_tells_its_student_and_chapter(tmp_path):
+    path = tmp_path / "alice__00_history.ipynb"
+    path.write_text("{}")
+    [job] = plan([path]).jobs
+    assert (job.student, job.chapter.slug, job.layout) == ("alice", "00_history", "single")
