@@ -69,18 +69,15 @@ constraints:
 
 # Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers
 # stay yours, and chapters added by `git pull` appear. Stop JupyterLab with Ctrl-C.
-# A learner's lab: lab/learner/ (an extra Jupyter config folder, for this run only) turns
-# off nbgrader's instructor tools: formgrader, create assignment, the course list and the
-# Validate button. `make instructor-lab` keeps them.
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
-LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
+# A learner's lab (autograder/lab.py, as on every route): lab/learner/ turns off nbgrader's
+# instructor tools and its assignment list. `make instructor-lab` keeps the tools.
 lab: $(LEARNER_STAMP)
-	@mkdir -p $(WORK) && cp -rn chapters/. $(WORK)/
-	cd $(WORK) && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/python -m autograder lab --work $(WORK) $(LAB_ARGS)
 
 # JupyterLab with nbgrader's instructor tools, in LAB_DIR (default: the repository), for
 # example formgrader on a graded folder: make instructor-lab LAB_DIR=graded/nbgrader
 LAB_DIR ?= .
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 instructor-lab: $(STAMP)
 	cd $(LAB_DIR) && $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
 

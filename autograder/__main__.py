@@ -32,6 +32,11 @@
 
 ``python -m autograder reset CHAPTER [--work FOLDER]``
     Give one chapter the untouched release; the old notebook goes to ``FOLDER/.backups/``.
+
+``python -m autograder lab [--work FOLDER] [--prepare-only] [JUPYTER_ARGS...]``
+    The learner's lab: the chapters copied into your work folder (default ``./work``; files
+    already there are kept), then JupyterLab there without nbgrader's instructor tools.
+    Other arguments go to ``jupyter lab``; ``--prepare-only`` copies and stops.
 """
 from __future__ import annotations
 
@@ -100,6 +105,11 @@ def main(argv=None) -> int:
     reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
                        help="your work folder (default ./work)")
+    lab = commands.add_parser("lab", help="open your work folder in a learner's JupyterLab (other arguments go "
+                                          "to jupyter lab)")
+    lab.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                     help="your work folder (default ./work)")
+    lab.add_argument("--prepare-only", action="store_true", help="copy the chapters into FOLDER, start nothing")
     final = commands.add_parser("feedback", help="after manual grading: results and feedback with the final scores")
     final.add_argument("out", type=Path, metavar="OUT", help="the folder a grade run wrote (it holds summary.csv)")
     final.add_argument("--course", type=Path, help="nbgrader course directory of the gradebook (default OUT/nbgrader)")
@@ -107,7 +117,9 @@ def main(argv=None) -> int:
     gradescope.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     gradescope.add_argument("--root", type=Path, default=Path("/autograder"),
                             help="Gradescope's folder, holding submission/ and results/ (default /autograder)")
-    args = parser.parse_args(argv)
+    args, jupyter_args = parser.parse_known_args(argv)
+    if jupyter_args and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(jupyter_args)}")
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
 
@@ -115,6 +127,7 @@ def main(argv=None) -> int:
     simple = {
         "update": ("workspace", lambda module: module.update(args.work)),
         "reset": ("workspace", lambda module: module.reset(args.work, args.chapter)),
+        "lab": ("lab", lambda module: module.lab(args.work, jupyter_args, args.prepare_only)),
         "feedback": ("final", lambda module: module.refresh(args.out, args.course)),
         "gradescope": ("gradescope", lambda module: module.run(args.chapter, args.root)),
     }

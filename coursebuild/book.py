@@ -72,7 +72,7 @@ def colab_url(slug: str, root: Path | None = None) -> str:
 def binder_url(slug: str, root: Path | None = None) -> str:
     """Binder building the repository's environment.yml and opening the learner notebook of ``slug``."""
     owner, name = github(root)
-    return f"https://mybinder.org/v2/gh/{owner}/{name}/{BRANCH}?labpath=chapters%2F{slug}%2F{slug}.ipynb"
+    return f"https://mybinder.org/v2/gh/{owner}/{name}/{BRANCH}?labpath=work%2F{slug}%2F{slug}.ipynb"
 
 
 def launch_links(slug: str) -> str:

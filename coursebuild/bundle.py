@@ -124,7 +124,6 @@ MAKEFILE = """\
 # answers, and opens JupyterLab there. make self-check: your report on a chapter.
 PYTHON ?= python3
 BIN    := .venv/bin
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: help lab self-check doctor
 
@@ -139,12 +138,9 @@ $(BIN)/jupyter: pyproject.toml constraints.txt
 \t$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
 \t@touch $@
 
-# A learner's lab: lab/learner/ (an extra Jupyter config folder) turns off nbgrader's
-# instructor tools and its assignment list.
-LEARNER_CONFIG := $(abspath lab/learner)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
+# A learner's lab: lab/learner/ turns off nbgrader's instructor tools and its assignment list.
 lab: $(BIN)/jupyter
-\t@mkdir -p work && cp -rn chapters/. work/
-\tcd work && JUPYTER_CONFIG_PATH=$(LEARNER_CONFIG) ../$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS)
+\t$(BIN)/python -m autograder lab --work work $(LAB_ARGS)
 
 self-check: $(BIN)/jupyter
 \t$(BIN)/python -m autograder check $(CHAPTER) --work work

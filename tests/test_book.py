@@ -156,7 +156,7 @@ def test_links_come_from_the_repository_setting(tmp_path):
     assert book.colab_url("04_attention", tmp_path) == (
         "https://colab.research.google.com/github/someone/course/blob/main/chapters/04_attention/04_attention.ipynb")
     assert book.binder_url("04_attention", tmp_path) == (
-        "https://mybinder.org/v2/gh/someone/course/main?labpath=chapters%2F04_attention%2F04_attention.ipynb")
+        "https://mybinder.org/v2/gh/someone/course/main?labpath=work%2F04_attention%2F04_attention.ipynb")
     (tmp_path / "pyproject.toml").write_text('[project.urls]\nRepository = "https://example.org/course"\n')
     with pytest.raises(ValueError, match="Repository"):
         book.github(tmp_path)
