@@ -66,12 +66,19 @@ def _resolve(target: str, python: str, extras: tuple[str, ...], offline: bool = 
     start = time.monotonic()
     command = constraints.target_command(target, python, constraints.FILE, extras) + (["--offline"] if offline else [])
     done = subprocess.run(command, cwd=constraints.ROOT, env=env, capture_output=True, text=True, timeout=300)
+    crashed = ""
+    if done.returncode < 0:
+        # uv 0.13.9 has once died here of a segfault (signal 11, in libc, on its main2 thread)
+        # with eight resolves at once, and then resolved the same case; once more tells a crash
+        # from an answer.
+        crashed = f"(uv died of signal {-done.returncode} and was run again) "
+        done = subprocess.run(command, cwd=constraints.ROOT, env=env, capture_output=True, text=True, timeout=300)
     pins = {}
     for line in done.stdout.splitlines():
         name, sep, version = line.strip().partition("==")
         if sep and not line.startswith("#"):
             pins[canonicalize_name(name)] = version.split(";")[0].strip()
-    return {"returncode": done.returncode, "stderr": done.stderr.strip(), "pins": pins,
+    return {"returncode": done.returncode, "stderr": crashed + done.stderr.strip(), "pins": pins,
             "seconds": time.monotonic() - start}
 
 
