@@ -30,7 +30,7 @@ help:
 	@echo "make update    bring new or changed chapters into $(WORK)/, keeping your answers (backups in $(WORK)/.backups/)"
 	@echo "make reset     start a chapter over from its release: make reset CHAPTER=04 (a backup is kept)"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
-	@echo "make constraints  re-resolve the dependencies into constraints.txt (then make clean-venv test)"
+	@echo "make constraints  re-resolve the dependencies for every platform into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
 	@echo "make sweep     rerun chapter 08's scaling-law lab into data/scaling_sweep.json (under 30 minutes)"
 
@@ -54,17 +54,18 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Resolves pyproject.toml's ranges afresh in a new venv and writes the exact versions it got
-# into constraints.txt (README.md, "Pinned versions"). Then run
-# `make clean-venv test` and commit constraints.txt.
+# Resolves pyproject.toml's ranges with uv for every platform and Python the course supports,
+# from PyPI alone, and writes the pins with their markers into constraints.txt (README.md,
+# "Pinned versions"; coursebuild/constraints.py). It keeps the versions already pinned where
+# they still fit; UPGRADE=1 takes the newest that fit. uv comes into a venv of its own, so
+# this works before .venv can be installed. Then run `make clean-venv test` and commit
+# constraints.txt.
 LOCK_VENV := build/lock-venv
 constraints:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	$(LOCK_VENV)/bin/python -m pip check --disable-pip-version-check
-	$(LOCK_VENV)/bin/python -m coursebuild.constraints > constraints.txt.new
-	mv constraints.txt.new constraints.txt
+	$(LOCK_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt uv
+	$(LOCK_VENV)/bin/python -m coursebuild.constraints $(if $(UPGRADE),--upgrade)
 	rm -rf $(LOCK_VENV)
 
 # Copies chapters/ into $(WORK)/ without overwriting anything already there: your answers

@@ -17,7 +17,7 @@ from . import bundle, package, paths
 SETUP = """\
 #!/usr/bin/env bash
 # Gradescope runs this once, when it builds the image: the course's locked environment,
-# with torch's CPU build. Needs Python 3.11 or newer (choose such a base image).
+# with torch's CPU build. Needs Python 3.11 to 3.14 (choose such a base image).
 set -euo pipefail
 cd "$(dirname "$0")"
 "${PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check \\

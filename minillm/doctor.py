@@ -11,8 +11,10 @@ import platform
 import sys
 
 CORPUS_MD5 = "6fb458f1232090904fb40fe944165e91"
-# pyproject.toml's requires-python (a test keeps the two equal).
+# pyproject.toml's requires-python, >=3.11,<3.15 (a test keeps them equal): torch 2.13.0 has
+# wheels up to Python 3.14.
 MIN_PYTHON = (3, 11)
+MAX_PYTHON = (3, 14)
 
 
 def _version(module: str) -> str:
@@ -21,7 +23,8 @@ def _version(module: str) -> str:
 
 def checks():
     """Yield (ok, label, detail) for each check."""
-    yield sys.version_info >= MIN_PYTHON, "python", f"{platform.python_version()} (needs {'.'.join(map(str, MIN_PYTHON))} or newer)"
+    supported = f"{'.'.join(map(str, MIN_PYTHON))} to {'.'.join(map(str, MAX_PYTHON))}"
+    yield MIN_PYTHON <= sys.version_info[:2] <= MAX_PYTHON, "python", f"{platform.python_version()} (needs {supported})"
     try:
         import torch
 
@@ -33,7 +36,7 @@ def checks():
             yield True, "GPU", "none: CPU only (the GPU parts of chapter 10 are skipped)"
     except ImportError as error:
         yield False, "torch", str(error)
-    if sys.platform == "linux" and platform.machine() == "x86_64":
+    if sys.platform == "linux":  # torch 2.13.0 requires triton 3.7.1 on Linux (x86_64 and aarch64)
         try:
             yield True, "triton", _version("triton")
         except ImportError as error:

@@ -7,6 +7,7 @@ import re
 import sys
 import tomllib
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -17,12 +18,15 @@ from coursebuild import constraints, paths
 from minillm import doctor
 
 PROJECT = tomllib.loads((paths.ROOT / "pyproject.toml").read_text())["project"]
-PINS = {canonicalize_name(r.name): r for r in constraints.read()}
+ALL_PINS = constraints.read()
+# The pins that apply to the Python running the tests (constraints.txt holds every platform's).
+PINS = {canonicalize_name(r.name): r for r in ALL_PINS if r.marker is None or r.marker.evaluate()}
 LOCAL = {"minillm", "autograder", "coursebuild", "tests", "bench", "conftest"}
 
 
-def pinned_version(name: str) -> Version:
-    (specifier,) = PINS[canonicalize_name(name)].specifier
+def pinned_version(name: str, pin: Requirement | None = None) -> Version:
+    pin = pin or PINS[canonicalize_name(name)]
+    (specifier,) = pin.specifier
     assert specifier.operator == "==", f"{name} is constrained, not pinned: {specifier}"
     return Version(specifier.version)
 
@@ -50,48 +54,88 @@ def locked_closure() -> set[str]:
     return needed
 
 
-def test_pins_are_written_from_pip_freeze():
-    frozen = ["torch==2.13.0+cpu", "triton==3.8.0", "pip==23.2.1", "PyYAML==6.0.4", "minillm-course==0.1.0", "# a comment"]
-    declared = [Requirement("torch==2.13.0"), Requirement("triton==3.8.0; sys_platform == 'linux'")]
-    assert constraints.pins(frozen, declared) == [
-        "torch==2.13.0", 'triton==3.8.0; sys_platform == "linux"', "PyYAML==6.0.4",
-    ]
+def test_the_lock_is_written_by_uv_for_every_platform_from_pypi_alone():
+    command = constraints.lock_command(constraints.FILE)
+    assert command[1:3] == ["pip", "compile"] and "--universal" in command
+    assert command[command.index("--python-version") + 1] == constraints.python_bounds()[0]
+    assert command[command.index("--index-url") + 1] == "https://pypi.org/simple"
+    assert {"--no-config", "--no-build", "--fork-strategy"} <= set(command)
+    assert command[command.index("--output-file") + 1] == "constraints.txt", "annotations name relative paths"
+    assert "--upgrade" not in command and "--upgrade" in constraints.lock_command(constraints.FILE, upgrade=True)
+    text = constraints.FILE.read_text(encoding="utf-8")
+    assert text.startswith(constraints.HEADER)
+    assert "--hash" not in text and "--index-url" not in text and "--find-links" not in text
+    assert "/work/" not in text and "/tmp/" not in text, "no machine's paths in the lock"
+
+
+def test_one_version_of_each_package_for_every_platform_and_python():
+    """A marker says where a package is needed, never which version: every Python and
+    platform gets the versions the tests ran with (uv's --fork-strategy fewest)."""
+    versions = {}
+    for pin in ALL_PINS:
+        versions.setdefault(canonicalize_name(pin.name), set()).add(pinned_version(pin.name, pin))
+    forked = {name: sorted(map(str, found)) for name, found in versions.items() if len(found) > 1}
+    assert not forked, f"constraints.txt pins several versions of {forked}"
+
+
+def test_the_python_range_has_both_bounds():
+    assert constraints.python_bounds() == ("3.11.0", "3.14")
+    assert constraints.python_bounds(">=3.11.5,<3.14") == ("3.11.5", "3.13")
+    with pytest.raises(ValueError):
+        constraints.python_bounds(">=3.11")
 
 
 def test_every_dependency_is_pinned_exactly():
     missing = sorted(locked_closure() - PINS.keys())
     assert not missing, f"not in constraints.txt: {missing}; run `make constraints`"
-    for name in PINS:
-        pinned_version(name)
+    for pin in ALL_PINS:
+        pinned_version(pin.name, pin)
 
 
 def test_the_environment_is_the_pinned_one():
     """What this Python runs on is what constraints.txt says (a CUDA build of torch, 2.13.0+cu128,
-    counts as 2.13.0)."""
-    wrong = []
+    or the CPU wheel on disk here, 2.13.0+cpu, counts as 2.13.0): every installed package
+    that is pinned for this platform, and every package the course needs here. The pins of
+    PyPI's CUDA build of torch (the nvidia packages) hold on Linux too, but the CPU build
+    needs none of them, so a pin that nothing installed needs may be absent."""
+    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in importlib.metadata.distributions()}
+    needed = locked_closure()
+    assert {"torch", "nbgrader", "pytest"} <= needed
+    wrong, absent = [], []
     for name, pin in PINS.items():
-        if pin.marker is not None and not pin.marker.evaluate():
+        if name not in installed:
+            if name in needed:
+                absent.append(name)
             continue
-        installed = Version(importlib.metadata.version(name))
-        if Version(installed.public) != pinned_version(name):
-            wrong.append(f"{name} {installed} (pinned {pinned_version(name)})")
-    assert not wrong, f"installed versions differ from constraints.txt: {wrong}; run `make venv`"
+        if Version(installed[name].public) != pinned_version(name):
+            wrong.append(f"{name} {installed[name]} (pinned {pinned_version(name)})")
+    assert not wrong and not absent, (
+        f"installed versions differ from constraints.txt: {wrong}, missing: {absent}; run `make venv`")
 
 
 def test_pins_lie_within_the_declared_ranges():
     for requirement in constraints.declared():
         key = canonicalize_name(requirement.name)
-        assert key in PINS, f"{requirement.name} is declared but not pinned"
-        assert requirement.specifier.contains(pinned_version(key), prereleases=True), (
-            f"constraints.txt pins {requirement.name} {pinned_version(key)}, outside pyproject's {requirement}"
-        )
-        assert PINS[key].marker == requirement.marker, f"{requirement.name}: markers differ"
+        pins = [pin for pin in ALL_PINS if canonicalize_name(pin.name) == key]
+        assert pins, f"{requirement.name} is declared but not pinned"
+        for pin in pins:
+            assert requirement.specifier.contains(pinned_version(key, pin), prereleases=True), (
+                f"constraints.txt pins {requirement.name} {pinned_version(key, pin)}, outside pyproject's {requirement}"
+            )
+            # uv writes its own form of a marker (platform_system == 'Linux' as sys_platform == 'linux').
+            assert pin.marker == requirement.marker, f"{requirement.name}: markers differ ({pin.marker}, {requirement.marker})"
 
 
-def test_torch_and_triton_are_pinned_to_the_wheels_on_disk():
+def test_torch_and_triton_are_pinned_as_torch_requires_them_on_pypi():
+    """PyPI's torch 2.13.0 requires triton==3.7.1 wherever platform_system == "Linux" (its
+    CUDA build, aarch64 included); the CPU wheel on disk here requires no triton, so another
+    triton installs here but cannot install from PyPI. tests/test_resolution.py resolves it
+    there."""
     assert "torch==2.13.0" in PROJECT["dependencies"]
+    assert "triton==3.7.1; sys_platform == 'linux'" in PROJECT["dependencies"]
     assert str(PINS["torch"]) == "torch==2.13.0"
-    assert str(PINS["triton"]) == 'triton==3.8.0; sys_platform == "linux" and platform_machine == "x86_64"'
+    (triton,) = [pin for pin in ALL_PINS if canonicalize_name(pin.name) == "triton"]
+    assert str(triton) == 'triton==3.7.1; sys_platform == "linux"'
 
 
 def test_make_venv_and_environment_yml_install_with_the_constraints():
@@ -110,11 +154,15 @@ def test_make_venv_and_environment_yml_install_with_the_constraints():
 
 def test_requires_python_is_what_readme_doctor_and_this_python_say():
     required = SpecifierSet(PROJECT["requires-python"])
-    (minimum,) = [s.version for s in required if s.operator == ">="]
-    assert re.search(rf"You need Python {re.escape(minimum)} or newer", (paths.ROOT / "README.md").read_text())
-    assert ".".join(map(str, doctor.MIN_PYTHON)) == minimum
+    lowest, highest = constraints.python_bounds()
+    minimum, maximum = lowest.removesuffix(".0"), highest
+    readme = " ".join((paths.ROOT / "README.md").read_text().split())
+    assert f"You need Python {minimum} to {maximum}" in readme
+    assert ".".join(map(str, doctor.MIN_PYTHON)) == minimum and ".".join(map(str, doctor.MAX_PYTHON)) == maximum
     assert required.contains(".".join(map(str, sys.version_info[:3])))
+    assert required.contains(lowest) and required.contains(f"{highest}.99")
     assert not required.contains("3.10.14"), "the tests import tomllib (3.11+)"
+    assert not required.contains(f"3.{int(highest.split('.')[1]) + 1}.0"), "torch 2.13.0 has no wheels for it"
 
 
 def imported_top_level(tree: ast.Module) -> set[str]:

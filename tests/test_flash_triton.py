@@ -12,7 +12,7 @@ import torch
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("no CUDA GPU, and TRITON_INTERPRET is off: the kernel has nowhere to run", allow_module_level=True)
-pytest.importorskip("triton", reason="Triton exists for Linux x86-64 only")
+pytest.importorskip("triton", reason="Triton is installed on Linux only (x86_64 and aarch64), where torch requires it")
 
 from minillm import flash_triton  # noqa: E402
 from minillm.attention import get_attention_backend  # noqa: E402
