@@ -12,15 +12,28 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import bundle, package, paths
+from . import bundle, constraints, package, paths
 
 SETUP = """\
 #!/usr/bin/env bash
 # Gradescope runs this once, when it builds the image: the course's locked environment,
-# with torch's CPU build. Needs Python 3.11 to 3.14 (choose such a base image).
+# with torch's CPU build. It needs Linux with a python3 of {low} to {high} (docs/grading.md,
+# "Gradescope": Ubuntu 24.04's python3 is 3.12; Ubuntu 22.04's, 3.10, is too old).
 set -euo pipefail
 cd "$(dirname "$0")"
-"${PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check \\
+python="${{PYTHON:-python3}}"
+system="$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME" || uname -sr)"
+if ! version="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"; then
+    echo "setup.sh: $system has no $python: choose a base image with Python {low} to {high}" >&2
+    exit 1
+fi
+if [ "$(uname -s)" != Linux ] || ! "$python" -c 'import sys; sys.exit(not ({low_tuple} <= sys.version_info[:3] < {stop_tuple}))'; then
+    echo "setup.sh: $system with Python $version; this autograder needs Linux with Python {low} to {high}:" \\
+         "choose another base image (docs/grading.md, Gradescope)" >&2
+    exit 1
+fi
+echo "setup.sh: $system with Python $version, as this autograder expects"
+"$python" -m pip install --quiet --disable-pip-version-check \\
     --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt -e .
 """
 
@@ -32,6 +45,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 exec "${{PYTHON:-python3}}" -m autograder gradescope {slug} --root "${{AUTOGRADER_ROOT:-/autograder}}"
 """
+
+
+def setup_script() -> str:
+    """setup.sh, with the Python range of pyproject.toml's requires-python."""
+    low, high = constraints.python_bounds()
+    low_tuple = tuple(int(part) for part in low.split("."))
+    stop_tuple = (3, int(high.split(".")[1]) + 1, 0)
+    return SETUP.format(low=low, high=high, low_tuple=low_tuple, stop_tuple=stop_tuple)
 
 
 def build(chapter: str, out: Path) -> Path:
@@ -57,7 +78,7 @@ def build(chapter: str, out: Path) -> Path:
         shutil.copy2(notebook, destination)
     (target / "pyproject.toml").write_text(bundle._pyproject(), encoding="utf-8")
     shutil.copy2(paths.ROOT / "constraints.txt", target / "constraints.txt")
-    (target / "setup.sh").write_text(SETUP, encoding="utf-8")
+    (target / "setup.sh").write_text(setup_script(), encoding="utf-8")
     (target / "run_autograder").write_text(RUN.format(slug=slug), encoding="utf-8")
     for script in ("setup.sh", "run_autograder"):
         (target / script).chmod(0o755)

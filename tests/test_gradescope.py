@@ -87,3 +87,25 @@ def test_a_hostile_submission_earns_nothing(source, tmp_path):
                            "globals().update(vars(reference))\nimport torch\ntorch.allclose = lambda *a, **k: True")
     results = grade(source, tmp_path, {"anything.ipynb": notebook})
     assert results["score"] == 0, [(t["name"], t["score"]) for t in results["tests"]]
+
+
+def _python_like(tmp_path, version: tuple[int, int, int]) -> str:
+    """A python3 that reports ``version`` to setup.sh's checks and only says what pip would do."""
+    fake = tmp_path / "python3"
+    fake.write_text(f"#!/bin/bash\nif [ \"$1\" = -m ]; then echo \"would run: ${{*:2}}\"; exit 0; fi\n"
+                    f"exec {sys.executable} -c \"import sys; sys.version_info = {version!r}; exec(sys.argv[1])\" \"$2\"\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize("version, accepted", [((3, 10, 12), False), ((3, 12, 3), True), ((3, 15, 0), False)])
+def test_setup_checks_the_base_images_python_and_says_so(source, tmp_path, version, accepted):
+    done = subprocess.run(["bash", str(source / "setup.sh")], env={**os.environ, "PYTHON": _python_like(tmp_path, version)},
+                          capture_output=True, text=True, timeout=60)
+    shown = ".".join(map(str, version))
+    if accepted:
+        assert done.returncode == 0 and f"with Python {shown}, as this autograder expects" in done.stdout, done
+        assert "would run: pip install" in done.stdout and "-c constraints.txt" in done.stdout
+    else:
+        assert done.returncode == 1 and f"with Python {shown}; this autograder needs Linux with Python 3.11.0 to 3.14" \
+            in done.stderr, done
