@@ -26,7 +26,7 @@ help:
 	@echo "make gradescope CHAPTER=04  the chapter's Gradescope autograder zip, in dist/ (private: it holds solutions)"
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
-	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given"
+	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given (unchanged chapters keep their last result)"
 	@echo "make update    bring new or changed chapters into $(WORK)/, keeping your answers (backups in $(WORK)/.backups/)"
 	@echo "make reset     start a chapter over from its release: make reset CHAPTER=04 (a backup is kept)"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
@@ -170,7 +170,10 @@ grade: $(STAMP)
 	$(BIN)/python -m autograder grade $(FILES) --out $(OUT) --jobs $(JOBS)
 
 # The learner's own report on a notebook, a chapter's folder or a chapter number (looked up in
-# $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00
+# $(WORK)/): make self-check CHAPTER=work/00_history, make self-check CHAPTER=00. Failing checks
+# are the report, not an error: self-check and progress fail only for a bad argument or when the
+# grader itself failed. progress keeps each chapter's last result in $(WORK)/.progress-cache/
+# and checks again only the chapters whose notebook, release or grader changed.
 self-check: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder check $(CHAPTER) --work $(WORK)
 

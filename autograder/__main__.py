@@ -16,7 +16,11 @@
     The learner's own report on a notebook, a chapter's folder (``work/04_attention``), or
     a chapter number or slug (``NN_slug/NN_slug.ipynb`` in ``./work``, else in the current
     folder, or in ``--work``), exercise by exercise, with the visible checks only.
-    ``check all``: one line per chapter of the work folder.
+    ``check all``: one line per chapter of the work folder, a progress bar, and the totals;
+    a chapter whose notebook, release and grader have not changed since the last
+    ``check all`` keeps its last result (kept in ``FOLDER/.progress-cache/``). Exits 0
+    once the report is written, however many checks fail; 1 when the grader itself
+    failed on a notebook; 2 for a bad argument (no such chapter or notebook).
 
 ``python -m autograder feedback OUT [--course DIR]``
     After manual grading in formgrader: every ``results.json`` and ``feedback.html`` under
@@ -91,12 +95,22 @@ def main(argv=None) -> int:
                        help="memory the learner's code may use, in GiB (default 3)")
     grade.add_argument("--seed", type=int, help="seed of the checks' random inputs (default: fresh each time)")
     grade.add_argument("--quiet", action="store_true", help="no progress bar")
-    check = commands.add_parser("check", help="check your own notebook (visible checks only)")
-    check.add_argument("target", metavar="NOTEBOOK|CHAPTER", help="a notebook, or a chapter number or slug")
+    check = commands.add_parser(
+        "check", help="check your own notebook (visible checks only)",
+        description="Your own report on a notebook, exercise by exercise, with the visible checks only "
+                    "(hidden checks run when a notebook is graded). CHAPTER 'all': one line per chapter of "
+                    "the work folder; a chapter unchanged since the last 'check all' (its notebook, its "
+                    "release and the grader) keeps its last result, kept in FOLDER/.progress-cache/.",
+        epilog="Exit status: 0 once the report is written, however many checks fail (the report says "
+               "how many pass); 1 when the grader itself failed on a notebook; 2 for a bad argument "
+               "(no such chapter, no notebook where one was named).")
+    check.add_argument("target", metavar="NOTEBOOK|CHAPTER",
+                       help="a notebook, a chapter's folder, a chapter number or slug, or 'all'")
     check.add_argument("--work", type=Path, metavar="FOLDER",
                        help="the folder holding your chapters' folders, for a chapter number or slug "
                             "(default: ./work, else the current folder)")
     check.add_argument("--cell-timeout", type=_positive_float, default=60.0, help="seconds per cell (default 60)")
+    check.add_argument("--quiet", action="store_true", help="no progress bar (check all)")
     update = commands.add_parser("update", help="bring new or changed chapters into your work folder, "
                                                 "keeping your answers")
     update.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
@@ -148,7 +162,7 @@ def main(argv=None) -> int:
         from .check import check_command
 
         return check_command(args.target, Limits(cell_timeout=args.cell_timeout, call_timeout=args.cell_timeout),
-                             work=args.work)
+                             work=args.work, progress=not args.quiet)
 
     from .grade import grade_files
 

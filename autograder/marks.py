@@ -12,6 +12,10 @@ the build chain imports this module.
   delimiters), the manifest counts the cell as hidden, and the grader runs it.
 - ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` in an answer cell: the model answer,
   replaced by a stub in the release and stripped of its marks in the package.
+- Cell ids: a graded cell's id is its ``grade_id``; every other cell's is
+  :func:`cell_id` of its place in the source (``c007``), and the Colab set-up cell's is
+  :data:`COLAB_SETUP_ID`. So a cell whose id is neither (JupyterLab gives a new cell a
+  random one) is one the learner added (:func:`is_release_cell_id`).
 """
 from __future__ import annotations
 
@@ -22,6 +26,19 @@ HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
 HIDDEN_END = "### END HIDDEN TESTS"
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
+COLAB_SETUP_ID = "colab-setup"
+_CELL_ID = re.compile(r"^c\d{3,}$")
+
+
+def cell_id(index: int) -> str:
+    """The id of the ungraded cell at ``index`` of a chapter's source."""
+    return f"c{index:03d}"
+
+
+def is_release_cell_id(cell_id_: str | None) -> bool:
+    """True for the id the build gives an ungraded cell (:func:`cell_id`, the Colab set-up
+    cell's), in this release or an earlier one (whose cells may have had other places)."""
+    return bool(cell_id_) and (cell_id_ == COLAB_SETUP_ID or bool(_CELL_ID.match(cell_id_)))
 
 
 def export_line(target: str) -> str:

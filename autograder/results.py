@@ -23,6 +23,9 @@ import tempfile
 from pathlib import Path
 
 MAX_MESSAGE = 2000
+# The exceptions of an exercise not answered yet: its stub's, and the checks' own
+# (minillm.course.NotAnswered), which say "NAME: not answered yet" and nothing else.
+UNANSWERED = ("NotImplementedError", "NotAnswered")
 MAX_FLAGS_PER_KIND = 20
 FORMAT = 1
 
@@ -45,14 +48,17 @@ def failure_message(cell) -> str:
     """What a failed test cell of an executed notebook reports: type and message, no traceback."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
-            if output.get("ename") == "NotImplementedError":
+            if output.get("ename") in UNANSWERED:
                 return "not answered yet: the answer cell still raises NotImplementedError"
             text = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"
             return text[:MAX_MESSAGE]
     return "the cell did not run to the end"
 
 
-def _reason(verdict: dict | None, execution) -> str:
+def reason(verdict: dict | None, execution) -> str:
+    """Why a check failed, from its verdict: the exception's type and message. An exercise
+    whose code raises ``NotImplementedError`` (its stub) is "not answered yet", whatever the
+    check made of that error (``minillm.course.NotAnswered``)."""
     if verdict is None:
         if execution is not None and execution.judge_error:
             return "not graded: the grader itself failed on this notebook (see the instructor)"
@@ -60,8 +66,8 @@ def _reason(verdict: dict | None, execution) -> str:
     if verdict.get("unavailable"):
         return str(verdict.get("evalue", ""))[:MAX_MESSAGE]
     name, value = verdict.get("ename", "Error"), str(verdict.get("evalue", ""))
-    if name == "NotImplementedError" or "is not implemented yet" in value:
-        return f"not answered yet: {value}"[:MAX_MESSAGE]
+    if name in UNANSWERED:
+        return (value if value.endswith("not answered yet") else f"not answered yet: {value}")[:MAX_MESSAGE]
     if verdict.get("student"):  # the message already says "your f raised ValueError: ..."
         return value[:MAX_MESSAGE]
     return f"{name}: {value}"[:MAX_MESSAGE]
@@ -108,7 +114,7 @@ def build(chapter, rebuilt, execution, submission: dict | None = None) -> dict:
             "score": cell.points if passed else 0.0,
             "max_score": cell.points,
             "status": "passed" if passed else "failed",
-            "output": "" if passed else (withheld or _reason(verdict, execution)),
+            "output": "" if passed else (withheld or reason(verdict, execution)),
             "visibility": "visible",
             "tags": [cell.kind, cell.exercise or ""],
             "number": numbers.get(cell.grade_id, ""),

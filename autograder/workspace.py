@@ -11,7 +11,9 @@
 Nothing is lost: before a notebook is rewritten, the old one is copied to
 ``work/.backups/<time>/``. Cells the learner added outside the answer cells are not carried
 over (the release's cells are the chapter); the report says how many, and they stay in
-the backup.
+the backup. A cell is the learner's own when its id is not one the build gives a release's
+cell (:func:`autograder.marks.is_release_cell_id`): so a cell of the old release that the
+new one changed, moved or dropped is never counted as the learner's.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import course
+from . import course, marks
 
 BACKUPS = ".backups"
 
@@ -37,20 +39,28 @@ def _answer_sources(notebook) -> dict[str, str]:
     return found
 
 
+def added_cells(release, learner) -> list:
+    """The cells the learner added: not a cell of a release (its id is none the build
+    gives, see :func:`autograder.marks.is_release_cell_id`), not an nbgrader cell, not
+    empty, and not a copy of a cell of ``release``."""
+    ids = {cell.get("id") for cell in release.cells}
+    given = {cell.source.strip() for cell in release.cells}
+    return [cell for cell in learner.cells
+            if not cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            and cell.get("id") not in ids and not marks.is_release_cell_id(cell.get("id"))
+            and cell.source.strip() and cell.source.strip() not in given]
+
+
 def merged(release, learner) -> tuple[nbformat.NotebookNode, int]:
-    """The release with the learner's answers; and how many of the learner's own cells
-    (code or text that is in neither the release nor an answer cell) it leaves out."""
+    """The release with the learner's answers; and how many cells the learner added
+    (:func:`added_cells`) it leaves out."""
     answers = _answer_sources(learner)
     new = copy.deepcopy(release)
     for cell in new.cells:
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if grade_id in answers and cell.metadata["nbgrader"].get("solution"):
             cell.source = answers[grade_id]
-    given = {cell.source.strip() for cell in release.cells}
-    dropped = sum(1 for cell in learner.cells
-                  if not cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-                  and cell.source.strip() and cell.source.strip() not in given)
-    return new, dropped
+    return new, len(added_cells(release, learner))
 
 
 def release_changed(release, learner) -> bool:

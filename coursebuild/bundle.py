@@ -179,7 +179,10 @@ of the chapter runs on your code. Until then, each cell that needs it prints one
 (`skipped: this cell needs your ...`) instead of a traceback, so Run All goes on to the end.
 
 `make self-check` runs your notebook as the grader would, with the visible checks only: it
-needs no solution, and the hidden checks run when your notebook is graded.
+needs no solution, and the hidden checks run when your notebook is graded. An exercise you
+have not answered yet says "not answered yet", in the notebook and in the report. Checks
+that fail are the report's news, not an error: `make self-check` ends without a make error
+whatever they say, and only a bad argument (no such chapter or notebook) is one.
 """
 
 

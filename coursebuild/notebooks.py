@@ -113,12 +113,12 @@ def build_notebook(slug: str) -> nbformat.NotebookNode:
             raise ValueError(f"{source.name}: grade_id {grade_id!r} is used twice")
         if grade_id:
             seen.add(grade_id)
-        cell.id = grade_id or f"c{index:03d}"
+        cell.id = grade_id or marks.cell_id(index)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     first_code = next(i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code")
     setup = nbformat.v4.new_code_cell(colab.cell_source())
-    setup.id = "colab-setup"
+    setup.id = marks.COLAB_SETUP_ID
     notebook.cells.insert(first_code, setup)
     notebook.metadata = nbformat.from_dict(
         {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}

@@ -7,6 +7,11 @@
 - ``expect_*``: the checks behind the visible tests. A failure says what was expected,
   what came back, where the first mismatch is, and, when the wrong answer matches a known
   mistake, names that mistake. ``expect_raises`` checks that bad input gets its error.
+- ``visible_check``: the decorator of a visible test's check function. An exercise not
+  answered yet (its answer cell's stub raises ``NotImplementedError``) fails with
+  :class:`NotAnswered`, which says "NAME: not answered yet" and nothing else, never a
+  hint about a mistake (``NotImplementedError`` is a ``RuntimeError``, which checks catch
+  to diagnose mistakes).
 - ``keep_going``: after an exercise, binds a new name to the learner's function when it
   passes the visible test's checks, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
@@ -140,6 +145,92 @@ class CheckFailed(AssertionError):
         self.summary = summary or message
 
 
+class NotAnswered(CheckFailed):
+    """The exercise is not answered yet: the code a check called raises ``NotImplementedError``
+    (the answer cell's starting stub). It says so and nothing else: no hint about a mistake,
+    and in a notebook no traceback either (IPython shows :meth:`_render_traceback_`).
+
+    ``calls``: the stub that raised, when it is not ``name``'s own (an answer that calls
+    another exercise, not answered yet). ``message``: the whole message, as the grader
+    already wrote it for a call of the learner's code.
+    """
+
+    def __init__(self, name: str | None = None, calls: str | None = None, *, message: str | None = None):
+        if message is None:
+            message = (f"{name}: it calls {calls}, which is not answered yet" if name and calls else
+                       f"{name}: not answered yet" if name else "not answered yet")
+        super().__init__(message, message)
+        self.name = name
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+def _stub_error(error: BaseException | None) -> BaseException | None:
+    """The ``NotImplementedError`` (or :class:`NotAnswered`) that ``error`` is, or was raised
+    while handling or from (``raise CheckFailed(...) from error`` in a check that catches
+    ``RuntimeError``); None when there is none. A :class:`NeedsAnswer` (a student bundle's
+    cell that needs another exercise) is none: it says itself which answer is missing."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, NotAnswered):
+            return error
+        if isinstance(error, NotImplementedError):
+            return None if isinstance(error, NeedsAnswer) else error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def unanswered(error: BaseException | None) -> bool:
+    """True when ``error`` comes from an answer cell's stub (``NotImplementedError``, also
+    when a check turned it into another error): the exercise is not answered yet."""
+    return _stub_error(error) is not None
+
+
+def not_answered(name: str, error: BaseException) -> NotAnswered:
+    """What a check of ``name`` says when ``error`` comes from a stub (:func:`unanswered`):
+    "NAME: not answered yet", or, when the stub that raised is another function's,
+    "NAME: it calls OTHER, which is not answered yet"."""
+    stub = _stub_error(error)
+    if isinstance(stub, NotAnswered):
+        return stub
+    if getattr(stub, "summary", None) and str(stub).endswith("not answered yet"):
+        return NotAnswered(message=str(stub))  # relayed by the grader, which named the call already
+    frame = stub.__traceback__ if stub is not None else None
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    raised_in = frame.tb_frame.f_code.co_qualname.rpartition("<locals>.")[2] if frame is not None else None
+    if raised_in and raised_in.split(".")[0] not in (name, "<module>"):
+        return NotAnswered(name, raised_in)
+    return NotAnswered(name)
+
+
+def visible_check(name: str) -> Callable[[Callable], Callable]:
+    """The decorator of a visible test's check function, ``name`` the exercise it checks.
+
+    When the learner's code raises ``NotImplementedError`` (the exercise is not answered
+    yet), the check fails with :class:`NotAnswered` ("NAME: not answered yet") instead of
+    whatever the check would have made of that error: checks catch ``RuntimeError`` to
+    diagnose shape mistakes, and ``NotImplementedError`` is one. Other failures pass
+    through unchanged.
+    """
+    def decorate(check: Callable) -> Callable:
+        @functools.wraps(check)
+        def checked(*args, **kwargs):
+            try:
+                return check(*args, **kwargs)
+            except Exception as error:
+                if not unanswered(error):
+                    raise
+                failure = not_answered(name, error)
+            raise failure
+
+        return checked
+
+    return decorate
+
+
 def describe(value) -> str:
     """A short description of a value: shape and dtype for tensors."""
     if isinstance(value, torch.Tensor):
@@ -242,7 +333,8 @@ def expect_raises(
     (a plain substring, not a regular expression). An exception of another type propagates
     unchanged, as from a plain call, unless it is an instance of a type in ``mistakes``
     (a description of a known mistake → the exception type that mistake raises): then the
-    failure names that mistake.
+    failure names that mistake. ``NotImplementedError`` (an unanswered exercise's stub) always
+    propagates unchanged, never as a mistake.
     """
     def label() -> str:  # built only on failure: naming a grader's proxy of the call may cost a round trip
         return what or _call_text(call, args, kwargs)
@@ -264,6 +356,8 @@ def expect_raises(
             ) from raised
         return
     except Exception as other:
+        if unanswered(other):  # a stub, not a known mistake (NotImplementedError is a RuntimeError)
+            raise
         for mistake, kind in (mistakes or {}).items():
             if isinstance(other, kind):
                 raise CheckFailed(
@@ -472,6 +566,14 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
         reason = textwrap.shorten(f"{type(error).__name__}: {error}", width=100, placeholder=" ...")
+        if unanswered(error):
+            said = not_answered(name, error)
+            if module:
+                print(f"{said}; this installation has no reference for it, so the cells that use it print "
+                      "'skipped' until your answer works")
+                return _waiting_for(name, learner)
+            print(f"{said}; the cells below use the package's reference")
+            return reference
         if module:
             print(f"{name}: not working yet ({reason}); this installation has no reference "
                   f"for it, so the cells that use it print 'skipped' until your answer works")

@@ -50,7 +50,24 @@ def test_keep_going_prefers_the_learner_and_falls_back(capsys):
     assert course.keep_going("f", broken, reference, check) is reference
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "f: using your implementation"
-    assert out[1].startswith("f: using the package's reference (NotImplementedError")
+    assert out[1] == "f: it calls broken, which is not answered yet; the cells below use the package's reference"
+
+
+def test_keep_going_says_not_answered_yet_for_a_stub_and_nothing_else(capsys):
+    """The stub raises NotImplementedError, a RuntimeError: a check that turns RuntimeError
+    into a hint must not show that hint for an exercise not answered yet."""
+    def softmax(x, dim):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def check(f):
+        try:
+            f(torch.ones(2), dim=-1)
+        except RuntimeError as error:
+            raise course.CheckFailed(f"softmax raised RuntimeError: {error}. Hint: pass keepdim=True") from error
+
+    assert course.keep_going("softmax", softmax, torch.softmax, check) is torch.softmax
+    assert capsys.readouterr().out == "softmax: not answered yet; the cells below use the package's reference\n"
 
 
 def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkeypatch):
@@ -168,12 +185,65 @@ def test_expect_raises_lets_another_error_through_unless_it_is_a_known_mistake()
         course.expect_raises(ValueError, {}.__getitem__, 3)
     with pytest.raises(NotImplementedError):
         course.expect_raises(ValueError, _not_implemented)
+    with pytest.raises(NotImplementedError):  # a stub, never a known mistake, though it is a RuntimeError
+        course.expect_raises(ValueError, _not_implemented, mistakes={"reshape's RuntimeError escapes": RuntimeError})
     with pytest.raises(course.CheckFailed, match="must raise ValueError, got KeyError .*known mistake: the lookup's KeyError"):
         course.expect_raises(ValueError, {}.__getitem__, 3, mistakes={"the lookup's KeyError escapes": KeyError})
 
 
 def _not_implemented(*args):
     raise NotImplementedError()
+
+
+def _swiglu_stub(x, w1, w2, w3):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+@course.visible_check("swiglu")
+def _check_swiglu(swiglu):
+    """Chapter 05's pattern: a RuntimeError from the answer gets a hint about shapes."""
+    try:
+        got = swiglu(torch.ones(2, 4), torch.ones(6, 4), torch.ones(4, 6), torch.ones(6, 4))
+    except RuntimeError as error:
+        raise course.CheckFailed(f"swiglu raised {error}: a weight used untransposed?") from error
+    course.expect_close(got, torch.zeros(2, 4), "swiglu", hint="subtract nothing")
+
+
+def test_a_visible_check_of_a_stub_says_not_answered_yet_and_nothing_else():
+    def swiglu(x, w1, w2, w3):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    failure = _failure(_check_swiglu, swiglu)
+    assert type(failure) is course.NotAnswered and isinstance(failure, course.CheckFailed)
+    assert str(failure) == failure.summary == "swiglu: not answered yet"
+    assert failure._render_traceback_() == ["swiglu: not answered yet"], "a notebook shows this line, no traceback"
+    assert failure.__cause__ is None and failure.__context__ is None
+
+
+def test_a_visible_check_keeps_its_hints_for_real_mistakes():
+    def untransposed(x, w1, w2, w3):
+        return (x @ w1) @ w2
+
+    def wrong(x, w1, w2, w3):
+        return torch.ones(2, 4)
+
+    assert "a weight used untransposed?" in str(_failure(_check_swiglu, untransposed))
+    assert "Hint: subtract nothing" in str(_failure(_check_swiglu, wrong))
+    assert _check_swiglu(lambda x, w1, w2, w3: torch.zeros(2, 4)) is None
+
+
+def test_a_visible_check_names_the_stub_an_answer_calls():
+    def swiglu(x, w1, w2, w3):
+        return _swiglu_stub(x, w1, w2, w3)
+
+    assert str(_failure(_check_swiglu, swiglu)) == "swiglu: it calls _swiglu_stub, which is not answered yet"
+    relayed = NotImplementedError("swiglu: not answered yet")  # what the grader's proxy raises
+    relayed.summary = str(relayed)
+    assert str(course.not_answered("swiglu", relayed)) == "swiglu: not answered yet"
+    assert not course.unanswered(course.NeedsAnswer("gelu")), "a bundle's skip says itself what it needs"
+    assert not course.unanswered(RuntimeError("size mismatch"))
 
 
 def _failure(call, *args, **kwargs) -> course.CheckFailed:

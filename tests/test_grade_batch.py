@@ -211,7 +211,9 @@ def test_check_reports_each_exercise_with_the_visible_checks_only(tmp_path):
                                  "count_parameters_visible": False}
     text = printed.getvalue()
     assert "self_attention_visible: CheckFailed: self_attention: values differ" in text
-    assert "not answered yet" in text and "a hidden check, run when your notebook is graded" in text
+    assert "a hidden check, run when your notebook is graded" in text
+    for unanswered in ("attention_parameters", "count_parameters"):
+        assert f"\n  ✗ {unanswered}_visible: not answered yet\n" in text, text
     assert "2 of 5 visible checks pass." in text
 
 
@@ -220,3 +222,21 @@ def test_a_single_file_named_as_the_flat_layout_tells_its_student_and_chapter(tm
     path.write_text("{}")
     [job] = plan([path]).jobs
     assert (job.student, job.chapter.slug, job.layout) == ("alice", "00_history", "single")
+
+
+@pytest.mark.grading
+def test_check_says_not_answered_yet_for_a_stub_and_exits_0(tmp_path):
+    """Chapter 05's answer cells edited (a comment added) but still the release's stubs: every
+    visible check says "not answered yet", never the hint it gives for a mistake (swiglu's
+    check turns a RuntimeError into "a weight used untransposed?", and the stub's
+    NotImplementedError is a RuntimeError). Failing checks are the report, not an error."""
+    slug = "05_feed_forward"
+    chapter = Chapter.load(slug)
+    edited = {c.grade_id: "# still working on it\n" + c.learner_source for c in chapter.answers}
+    fx.write(fx.submission(chapter, edited), tmp_path / "work" / slug / f"{slug}.ipynb")
+    run = run_cli("check", "05", "--work", tmp_path / "work")
+    assert run.returncode == 0, run.stderr[-3000:]
+    visible = [c.grade_id for c in chapter.cells if c.kind == "visible"]
+    lines = [line.strip() for line in run.stdout.splitlines() if line.strip().startswith("✗")]
+    assert lines == [f"✗ {grade_id}: not answered yet" for grade_id in visible], run.stdout
+    assert f"0 of {len(visible)} visible checks pass." in run.stdout

@@ -1,5 +1,8 @@
 """The grading round trip: the solution earns full marks, the untouched chapter earns 0."""
+import ast
+import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +11,7 @@ import nbformat
 import pytest
 
 from autograder import marks
+from autograder.chapters import Chapter
 from autograder.results import failure_message
 from coursebuild import manifest, paths
 
@@ -38,6 +42,63 @@ def test_untouched_chapter_earns_nothing(slug, grading_root):
     assert result["score"] == 0
     assert result["max_score"] == manifest.load()["chapters"][slug]["autograded_points"]
     assert all(t["output"] for t in result["tests"]), "every lost point needs a reason"
+
+
+OUTPUT_TEXT = re.compile(r'<div class="jp-RenderedText[^"]*" data-mime-type="text/plain"[^>]*>\s*<pre>(.*?)</pre>', re.S)
+
+
+def _printed(feedback_page: str) -> list[str]:
+    """The lines of the text outputs a feedback page shows."""
+    return [line for block in OUTPUT_TEXT.findall(feedback_page)
+            for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines()]
+
+
+def _keep_going_names(slug) -> list[str]:
+    """The names the chapter's keep-going cells give course.keep_going."""
+    names = []
+    for cell in nbformat.read(paths.release_notebook(slug), as_version=4).cells:
+        if cell.cell_type == "code" and "keep_going(" in cell.source:
+            names += [node.args[0].value for node in ast.walk(ast.parse(cell.source))
+                      if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("keep_going")]
+    return names
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_every_visible_check_says_not_answered_yet_for_a_stub(slug):
+    """The check functions of the visible tests carry @course.visible_check(NAME), which
+    turns the stub's NotImplementedError, whatever the check made of it, into
+    course.NotAnswered ("NAME: not answered yet"); and the cell calls them."""
+    for cell in Chapter.load(slug).cells:
+        if cell.kind != "visible":
+            continue
+        tree = ast.parse(cell.source)
+        checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")]
+        called = {ast.unparse(node.value.func) for node in tree.body
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)}
+        assert checks and {check.name for check in checks} <= called, cell.grade_id
+        for check in checks:
+            assert any(ast.unparse(d).startswith("course.visible_check(") for d in check.decorator_list), (
+                f"{cell.grade_id}: {check.name} needs @course.visible_check(...)")
+
+
+@CHAPTER
+def test_an_untouched_chapter_says_not_answered_yet_and_nothing_else(slug, grading_root):
+    """Every check of the untouched release says "not answered yet", and so does every
+    keep-going cell that the learner's kernel ran on a stub (the feedback page shows what
+    they printed): never a hint about a mistake, though the stub's NotImplementedError is a
+    RuntimeError, which some checks catch to diagnose shapes."""
+    run = graded(slug, grading_root)
+    for test in run["untouched"]["tests"]:
+        assert test["output"].startswith("not answered yet"), test
+    page = (Path(run["out"]) / "submissions" / f"untouched__{slug}" / "feedback.html").read_text()
+    printed = _printed(page)
+    exercises = {name for names in Chapter.load(slug).answer_names.values() for name in names}
+    for name in _keep_going_names(slug):
+        said = [line for line in printed if line.startswith(f"{name}: ")]
+        assert said, f"{slug}: the keep-going cell of {name} printed nothing"
+        for line in said:
+            assert "not answered yet" in line or (name not in exercises and "using your implementation" in line), line
+            assert not re.search(r"Hint|mistake|RuntimeError|CheckFailed|NotImplementedError", line), line
 
 
 @CHAPTER

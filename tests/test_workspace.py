@@ -77,10 +77,82 @@ def test_reset_restores_the_release_and_keeps_a_backup(course_copy, tmp_path):
 
 
 @pytest.mark.grading
-def test_check_all_prints_one_line_per_chapter(tmp_path, capsys):
+def test_check_all_prints_one_line_per_chapter_and_checks_only_what_changed(tmp_path, capsys, monkeypatch):
     work = tmp_path / "work"
     shutil.copytree(course.release_notebook(SLUG).parent, work / SLUG)
-    outcomes = check.report_all(Limits(), work=work)
+    outcomes = check.report_all(Limits(), work=work, progress=False)
     assert list(outcomes) == [SLUG]
-    [line] = capsys.readouterr().out.strip().splitlines()
+    line, blank, total = capsys.readouterr().out.strip().splitlines()
     assert line.startswith(f"· {SLUG}: 0 of ") and "visible checks pass" in line and "written answers given" in line
+    assert total.startswith("0 of ") and "visible checks pass" in total and "not checked again" not in total
+    assert (work / check.CACHE / f"{SLUG}.json").is_file()
+
+    checked = []
+    fresh = {"ok": False, "checks": {"a_visible": True, "b_visible": False}, "written": {"w": True}}
+    monkeypatch.setattr(check, "report", lambda *args, **kwargs: checked.append(args) or fresh)
+    assert check.report_all(Limits(), work=work, progress=False) == outcomes
+    assert checked == [] and "(1 unchanged chapter not checked again)" in capsys.readouterr().out
+    release = nbformat.read(course.release_notebook(SLUG), as_version=4)
+    release.cells[0].source += "\n\nA sentence a new release adds."
+    nbformat.write(release, tmp_path / "new-release.ipynb")
+    for change in ("release", "grader", "limits", "notebook"):
+        with monkeypatch.context() as patch:
+            if change == "release":
+                patch.setattr(check.course, "release_notebook", lambda slug: tmp_path / "new-release.ipynb")
+            elif change == "grader":
+                patch.setattr(check, "grader_version", lambda: "another grader")
+            elif change == "notebook":
+                mine = nbformat.read(work / SLUG / f"{SLUG}.ipynb", as_version=4)
+                _first(mine.cells, "markdown").source = "My written answer."
+                nbformat.write(mine, work / SLUG / f"{SLUG}.ipynb")
+            checked.clear()
+            assert check.report_all(Limits(cell_timeout=61) if change == "limits" else Limits(), work=work,
+                                    progress=False) == {SLUG: fresh}
+            assert len(checked) == 1, f"a changed {change} is checked again"
+    line = capsys.readouterr().out.strip().splitlines()[-3]
+    assert line == f"· {SLUG}: 1 of 2 visible checks pass, 1 of 1 written answers given", "the new result is shown"
+    checked.clear()
+    check.report_all(Limits(), work=work, progress=False)
+    assert checked == [], "the last result is kept"
+
+
+def _next_release(path):
+    """A new release of the chapter at ``path``, as `git pull` may bring one: a given cell's
+    text changes, a cell is added near the top (so every later cell's id shifts, ids being
+    places), and a text cell is dropped."""
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[0].source += "\n\nA sentence the new release adds."
+    notebook.cells.insert(3, nbformat.v4.new_markdown_cell("A paragraph the new release adds."))
+    dropped = next(i for i, c in enumerate(notebook.cells) if i > 3 and c.cell_type == "markdown"
+                   and not c.metadata.get("nbgrader"))
+    del notebook.cells[dropped]
+    for index, cell in enumerate(notebook.cells):
+        if not cell.metadata.get("nbgrader") and cell.id != "colab-setup":
+            cell.id = f"c{index:03d}"
+    nbformat.write(notebook, path)
+
+
+def test_update_counts_only_the_cells_the_learner_added(course_copy, tmp_path, capsys):
+    """The old release's cells that the new one changed, moved or dropped are not the
+    learner's: an untouched copy loses nothing; a cell the learner added is counted."""
+    work = tmp_path / "work"
+    shutil.copytree(course_copy / "chapters" / SLUG, work / SLUG)
+    mine = work / SLUG / f"{SLUG}.ipynb"
+    untouched = mine.read_bytes()
+    notebook = nbformat.read(mine, as_version=4)
+    notebook.cells.insert(5, nbformat.v4.new_code_cell("print('my own experiment')"))
+    notebook.cells.insert(6, nbformat.v4.new_markdown_cell(""))  # empty: nothing lost
+    nbformat.write(notebook, mine)
+
+    _next_release(course_copy / "chapters" / SLUG / f"{SLUG}.ipynb")
+    capsys.readouterr()
+    assert workspace.update(work)[SLUG] == "updated"
+    said = capsys.readouterr().out
+    assert "1 cell(s) you added are left out" in said, said
+
+    mine.write_bytes(untouched)  # the old release as `make lab` copied it, untouched
+    release = nbformat.read(course.release_notebook(SLUG), as_version=4)
+    assert workspace.added_cells(release, nbformat.reads(untouched.decode(), as_version=4)) == []
+    assert workspace.update(work)[SLUG] == "updated"
+    said = capsys.readouterr().out
+    assert f"{SLUG}: updated" in said and "you added" not in said, said

@@ -118,6 +118,7 @@ def _rnn_case():
     return (x, W_xh, W_hh, b_h), expected
 
 
+@course.visible_check("rnn_forward")
 def check_rnn_forward(rnn_forward):
     args, expected = _rnn_case()
     course.expect_close(
@@ -236,6 +237,7 @@ def _attention_case():
     return x, expected
 
 
+@course.visible_check("self_attention")
 def check_self_attention(self_attention):
     x, expected = _attention_case()
     got = self_attention(x)
@@ -604,6 +606,7 @@ def attention_parameters(config: ModelConfig) -> int:
 #| test attention_parameters_visible points=1
 
 
+@course.visible_check("attention_parameters")
 def check_attention_parameters(attention_parameters):
     gpt2_small = ModelConfig(name="gpt2", ffn="gelu_tanh")  # ModelConfig's defaults are GPT-2 small's shape
     got = attention_parameters(gpt2_small)
@@ -699,6 +702,7 @@ def ffn_parameters(config: ModelConfig) -> int:
 #| test ffn_parameters_visible points=1
 
 
+@course.visible_check("ffn_parameters")
 def check_ffn_parameters(ffn_parameters):
     gpt2_small = ModelConfig(name="gpt2", ffn="gelu_tanh")
     course.expect_equal(
@@ -826,6 +830,7 @@ def _count_cases():
             ("a small BERT-style model", small_bert, 176_576)]
 
 
+@course.visible_check("count_parameters")
 def check_count_parameters(count_parameters):
     (_, gpt2, n_gpt2), (_, llama, n_llama), (_, bert, n_bert) = _count_cases()
     got = count_parameters(gpt2)

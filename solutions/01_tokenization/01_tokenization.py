@@ -188,6 +188,7 @@ def _pairs_case():
     return {(1, 2, 3): 2, (2, 3): 5, (4, 4, 4): 1, (9,): 7}
 
 
+@course.visible_check("count_pairs")
 def check_count_pairs(count_pairs):
     case = _pairs_case()
     got = count_pairs(case)
@@ -278,6 +279,7 @@ def _merge_case():
     return [5, 6, 5, 6, 7, 5], (5, 6), 9
 
 
+@course.visible_check("merge_pair")
 def check_merge_pair(merge_pair):
     ids, pair, new_id = _merge_case()
     course.expect_equal(
@@ -427,6 +429,7 @@ def _step_reference(word_counts, new_id, largest_on_tie=False):
     return best, table
 
 
+@course.visible_check("train_step")
 def check_train_step(train_step):
     case = _step_case()
     got = train_step(*case)
@@ -738,6 +741,7 @@ def _encode_case():
     return [(101, 115), (256, 116), (108, 111), (258, 119), (115, 116), (195, 169), (119, 101)]
 
 
+@course.visible_check("encode_word")
 def check_encode_word(encode_word):
     merges_case = _encode_case()
     course.expect_equal(
@@ -857,6 +861,7 @@ def _decode_case():
     return vocab
 
 
+@course.visible_check("decode_ids")
 def check_decode_ids(decode_ids):
     vocab_case = _decode_case()
     course.expect_equal(

@@ -141,6 +141,7 @@ def _one_hot_case():
     return ids, weight
 
 
+@course.visible_check("one_hot_embed")
 def check_one_hot_embed(one_hot_embed):
     ids, weight = _one_hot_case()
     course.expect_close(
@@ -337,6 +338,7 @@ def _grad_reference(ids, grad_output, vocab_size, overwrite=False, mean=False):
     return grad
 
 
+@course.visible_check("embedding_weight_grad")
 def check_embedding_weight_grad(embedding_weight_grad):
     ids, grad_output, vocab_size = _grad_case()
     course.expect_close(
@@ -631,6 +633,7 @@ def _neighbours_case():
     return weight, 0, 3
 
 
+@course.visible_check("nearest_neighbours")
 def check_nearest_neighbours(nearest_neighbours):
     weight, index, k = _neighbours_case()
     got = nearest_neighbours(weight, index, k)
@@ -901,6 +904,7 @@ def _pca_reference(x, k, centre=True, scores=True, smallest=False, columns=False
     return centred @ vh[:k].T if scores else u[:, :k]
 
 
+@course.visible_check("pca_project")
 def check_pca_project(pca_project):
     x = _pca_case()
     got = pca_project(x, 2)

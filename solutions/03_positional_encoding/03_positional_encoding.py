@@ -195,6 +195,7 @@ def _sinusoid_reference(seq_len, d_model, layout="interleaved", exponent="2i", s
     return pe.float()
 
 
+@course.visible_check("sinusoidal_encoding")
 def check_sinusoidal_encoding(sinusoidal_encoding):
     got = sinusoidal_encoding(5, 6)
     course.expect_close(
@@ -326,6 +327,7 @@ def _shift_reference(k, d_model, transpose=False):
     return matrix
 
 
+@course.visible_check("sinusoidal_shift_matrix")
 def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix):
     got = sinusoidal_shift_matrix(3, 6)
     if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
@@ -614,6 +616,7 @@ def _rope_leaves_x_alone(rope_fn):
                                  "build the result in a new tensor, for example with torch.cat or torch.stack")
 
 
+@course.visible_check("apply_rope")
 def check_apply_rope(apply_rope):
     _rope_leaves_x_alone(apply_rope)
     x, positions = _rope_case()
@@ -843,6 +846,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 #| test alibi_slopes_visible points=1
 
 
+@course.visible_check("alibi_slopes")
 def check_alibi_slopes(alibi_slopes):
     published_8 = torch.tensor([1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256])
     got = alibi_slopes(8)
@@ -957,6 +961,7 @@ def _alibi_reference(n_heads, q_len, k_len, sign=-1.0, offset=True, distance=lam
     return bias
 
 
+@course.visible_check("alibi_bias")
 def check_alibi_bias(alibi_bias):
     course.expect_close(
         alibi_bias(2, 3, 5),

@@ -150,6 +150,7 @@ def _softmax_case():
     return torch.tensor([[1000.0, 999.0, 998.0, 0.0], [-2.0, 0.0, 3.0, 1.0]])
 
 
+@course.visible_check("softmax")
 def check_softmax(softmax):
     x = _softmax_case()
     try:
@@ -450,6 +451,7 @@ def _sdpa_reference(q, k, v, mask=None, scale=True, dim=-1, use_mask=True, inver
     return weights @ v
 
 
+@course.visible_check("scaled_dot_product_attention")
 def check_scaled_dot_product_attention(scaled_dot_product_attention):
     q, k, v = _sdpa_case()
     got = scaled_dot_product_attention(q, k, v)
@@ -808,6 +810,7 @@ def _heads_case():
     return torch.arange(2 * 3 * 8, dtype=torch.float32).reshape(2, 3, 8)  # batch 2, seq 3, width 8
 
 
+@course.visible_check("split_heads")
 def check_split_heads(split_heads):
     x = _heads_case()
     expected = torch.stack([x[:, :, 0:4], x[:, :, 4:8]], dim=1)  # 2 heads of width 4: (2, 2, 3, 4)
@@ -826,6 +829,7 @@ def check_split_heads(split_heads):
                                    "an error message, and reshape's RuntimeError does not name n_heads)": (AssertionError, RuntimeError)})
 
 
+@course.visible_check("merge_heads")
 def check_merge_heads(merge_heads):
     heads = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
     course.expect_close(
@@ -960,6 +964,7 @@ def _kv_case():
     return torch.arange(1 * 2 * 3 * 2, dtype=torch.float32).reshape(1, 2, 3, 2)  # 2 K/V heads
 
 
+@course.visible_check("repeat_kv")
 def check_repeat_kv(repeat_kv):
     x = _kv_case()
     course.expect_close(
@@ -1039,6 +1044,7 @@ def _llama2_70b():
 _LLAMA2_70B_CACHE = 2 * 80 * 1 * 4096 * 8 * 128 * 2  # bytes: 2 (K, V) x layers x batch x seq x n_kv x d_k x 2
 
 
+@course.visible_check("kv_cache_bytes")
 def check_kv_cache_bytes(kv_cache_bytes):
     expected = _LLAMA2_70B_CACHE
     course.expect_equal(

@@ -163,6 +163,7 @@ def _expect_input_unchanged(fn, name):
     return got
 
 
+@course.visible_check("gelu")
 def check_gelu(gelu):
     x = _gelu_case()
     course.expect_close(
@@ -245,6 +246,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 #| test gelu_tanh_visible points=1
 
 
+@course.visible_check("gelu_tanh")
 def check_gelu_tanh(gelu_tanh):
     x = _gelu_case()
     course.expect_close(
@@ -523,6 +525,7 @@ def _swiglu_formula(x, w1, w2, w3, gate=F.silu, swap=False, gated=True):
     return hidden @ w2.T
 
 
+@course.visible_check("swiglu")
 def check_swiglu(swiglu):
     x, w1, w2, w3 = _swiglu_case()  # d_model 4, d_ff 6
     try:
@@ -635,6 +638,7 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 256, ffn_dim_multiplier:
 #| test swiglu_hidden_size_visible points=1
 
 
+@course.visible_check("swiglu_hidden_size")
 def check_swiglu_hidden_size(swiglu_hidden_size):
     width = swiglu_hidden_size(4096)
     if type(width) is not int:
@@ -827,6 +831,7 @@ def ffn_flops(d_model: int, d_ff: int, ffn: str = "gelu", n_tokens: int = 1, tra
 #| test ffn_flops_visible points=1
 
 
+@course.visible_check("ffn_flops")
 def check_ffn_flops(ffn_flops):
     count = ffn_flops(768, 3072)
     if type(count) is not int:

@@ -232,6 +232,7 @@ def _standardize(x, dim=-1, correction=0, eps=1e-5, eps_inside=True, center=True
     return (x - mean) / (torch.sqrt(var + eps) if eps_inside else torch.sqrt(var) + eps)
 
 
+@course.visible_check("layer_norm")
 def check_layer_norm(layer_norm):
     x, weight, bias = _layer_norm_case()
     inputs = [t.clone() for t in (x, weight, bias)]
@@ -418,6 +419,7 @@ def _mean_square(x, dim=-1):
     return x.pow(2).mean(dim=dim, keepdim=True)
 
 
+@course.visible_check("rms_norm")
 def check_rms_norm(rms_norm):
     x, weight = _rms_norm_case()
     inputs = [x.clone(), weight.clone()]
@@ -709,6 +711,7 @@ def _chain(jacobians, g, residual, transpose=True):
     return torch.stack(rows[::-1])
 
 
+@course.visible_check("input_gradients")
 def check_input_gradients(input_gradients):
     jacobians, g_out = _gradients_case()
     for residual in (False, True):
@@ -1204,6 +1207,7 @@ def _block_variant(block, x, variant):
     raise ValueError(variant)
 
 
+@course.visible_check("TransformerBlock")
 def check_transformer_block(TransformerBlock):
     with torch.no_grad():
         for placement, other in (("pre", "post"), ("post", "pre")):

@@ -730,6 +730,7 @@ def _nll_case():
     return logits, targets
 
 
+@course.visible_check("summed_nll")
 def check_summed_nll(summed_nll):
     logits, targets = _nll_case()
     expected = F.cross_entropy(logits.reshape(-1, 4), targets.reshape(-1), reduction="sum")
@@ -1006,6 +1007,7 @@ def _schedule_case():
     return (1.0, 4, 12, 0.1), expected
 
 
+@course.visible_check("lr_schedule")
 def check_lr_schedule(lr_schedule):
     args, expected = _schedule_case()
     got = [lr_schedule(s, args[0], args[1], args[2], args[3]) for s in range(15)]
@@ -1908,6 +1910,7 @@ def _top_k_case():
     return torch.tensor([[1.0, 3.0, -0.5, 2.0, 0.0], [0.2, -1.0, 0.7, 0.1, 1.5], [0.0, 1.0, -1.0, 1.0, 2.0]]), 2
 
 
+@course.visible_check("top_k_filter")
 def check_top_k_filter(top_k_filter):
     logits, k = _top_k_case()
     given = logits.clone()
@@ -2026,6 +2029,7 @@ def _top_p_case():
     return torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.4, 0.1, 0.15, 0.35]]))
 
 
+@course.visible_check("top_p_filter")
 def check_top_p_filter(top_p_filter):
     logits = _top_p_case()
     given = logits.clone()

@@ -168,6 +168,7 @@ def training_flops_6nd(config: GPTConfig, tokens: int) -> int:
 
 # %%
 #| test training_flops_6nd_visible points=1
+@course.visible_check("training_flops_6nd")
 def check_training_flops_6nd(flops_6nd):
     """Three shapes: tied with biases, untied, and a Llama-style GQA model."""
     tied = GPTConfig(vocab_size=300, context_length=32, d_model=64, n_layers=2, n_heads=4, d_ff=256)
@@ -277,6 +278,7 @@ def attention_training_flops(config: GPTConfig, tokens: int, seq_len: int | None
 
 # %%
 #| test attention_training_flops_visible points=1
+@course.visible_check("attention_training_flops")
 def check_attention_training_flops(attention_flops):
     """The term against a hand count, the seq_len default, GQA, and the errors."""
     config = GPTConfig(vocab_size=100, context_length=64, d_model=64, n_layers=3, n_heads=4, d_ff=256)
@@ -467,6 +469,7 @@ def power_law_exponent(n, loss, c: float = 0.0) -> tuple[float, float]:
 
 # %%
 #| test power_law_exponent_visible points=1
+@course.visible_check("power_law_exponent")
 def check_power_law_exponent(fit):
     """An exact law, with and without an offset, then noisy points against numpy's own line."""
     n = [1e4, 1e5, 1e6, 1e7]
@@ -776,6 +779,7 @@ def predict_loss(n, loss, n_new: float) -> float:
 
 # %%
 #| test predict_loss_visible points=1
+@course.visible_check("predict_loss")
 def check_predict_loss(predict):
     """Exact laws with a floor: the prediction is the law's value; a bad n_new is refused."""
     sizes = [1e4, 3e4, 1e5, 3e5, 1e6]
@@ -1067,6 +1071,7 @@ def allreduce_bytes(config: GPTConfig, bytes_per_element: int = 4, frozen=()) ->
 
 # %%
 #| test allreduce_bytes_visible points=1
+@course.visible_check("allreduce_bytes")
 def check_allreduce_bytes(count_bytes):
     """A tied GPT with a sinusoidal table, a frozen block, half precision, and the errors."""
     config = GPTConfig(vocab_size=100, context_length=16, d_model=32, n_layers=2, n_heads=2, d_ff=64,

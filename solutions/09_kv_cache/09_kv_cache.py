@@ -203,6 +203,7 @@ class LayerKVCache:
 
 # %%
 #| test layer_kv_cache_visible points=1
+@course.visible_check("LayerKVCache")
 def check_layer_cache(cache_class):
     """Prefill 3 positions, decode 1, and check the buffers, the views and the errors."""
     g = torch.Generator().manual_seed(9)
@@ -496,6 +497,7 @@ def reference_cached_attention(q, k_cache, v_cache, length):
     return reference_attention.math_attention(q, k_cache[:, :, :length], v_cache[:, :, :length], causal=True)
 
 
+@course.visible_check("cached_attention")
 def check_cached_attention(attend):
     """A prefill of 4 queries and a decode step of 1, with GQA (4 query heads, 2 K/V heads)
     and stale values past the filled positions."""
@@ -653,6 +655,7 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 # %%
 #| test positions_from_mask_visible points=1
+@course.visible_check("positions_from_mask")
 def check_positions_from_mask(positions):
     """Three rows: no padding, two padding tokens on the left, and one (right-padded) gap."""
     mask = torch.tensor([[True, True, True, True, True], [False, False, True, True, True],

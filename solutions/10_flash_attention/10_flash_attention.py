@@ -291,6 +291,7 @@ def _without_rescaling(x, block):
     return (x - m).exp() / l
 
 
+@course.visible_check("online_softmax")
 def check_online_softmax(online_softmax):
     x = torch.tensor([[1.0, 3.0, 0.5, 8.0, 2.0, -1.0, 9.5], [0.0, -2.0, 1.0, 4.0, 4.0, 3.0, -5.0]])
     expected = torch.softmax(x, dim=-1)
@@ -427,6 +428,7 @@ def tile_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: tor
 
 # %%
 #| test tile_update_visible points=1
+@course.visible_check("tile_update")
 def check_tile_update(tile_update):
     g = torch.Generator().manual_seed(10)
     scores, v = 3 * torch.randn(2, 4, 6, generator=g, dtype=torch.float64), torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
@@ -566,6 +568,7 @@ def _visibility_by_brute_force(q_start, q_stop, k_start, k_stop, offset):
     return "full" if all(map(all, seen)) else "skip" if not any(map(any, seen)) else "partial"
 
 
+@course.visible_check("tile_visibility")
 def check_tile_visibility(tile_visibility):
     cases = {(0, 4, 4, 8, 0): "the tile right of the diagonal block (keys 4-7 for queries 0-3)",
              (4, 8, 0, 4, 0): "the tile left of the diagonal block", (4, 8, 4, 8, 0): "a diagonal tile",
@@ -701,6 +704,7 @@ def _naive_attention(q, k, v, causal=False):
     return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
 
 
+@course.visible_check("tiled_attention_forward")
 def check_tiled_attention_forward(tiled_attention_forward):
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64) for _ in range(3))
@@ -839,6 +843,7 @@ def _score_grad_case(g, lead=(2,), n=5, d=3, dtype=torch.float64):
     return p.detach(), (do @ v.transpose(-2, -1)), o.detach(), do, scores.grad
 
 
+@course.visible_check("score_grad")
 def check_score_grad(score_grad):
     g = torch.Generator().manual_seed(5)
     p, dp, o, do, expected = _score_grad_case(g)
@@ -1277,6 +1282,7 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 # %%
 #| test triton_attention_forward_visible points=1
+@course.visible_check("triton_attention_forward")
 def check_triton_attention_forward(triton_attention_forward):
     if not HAVE_TRITON:
         raise course.CheckFailed("Triton is not installed here (it exists for Linux x86-64 only): this exercise is "

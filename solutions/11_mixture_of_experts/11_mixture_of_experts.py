@@ -174,6 +174,7 @@ def _routing_case():
     return torch.tensor([[2.0, 0.5, 1.0, -1.0], [0.0, 3.0, 0.0, 2.5], [-1.0, -1.0, 4.0, 1.0]], dtype=torch.float64)
 
 
+@course.visible_check("top_k_routing")
 def check_top_k_routing(top_k_routing):
     logits = _routing_case()
     probs = torch.softmax(logits, dim=-1)
@@ -316,6 +317,7 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: i
 
 # %%
 #| test load_balancing_loss_visible points=1
+@course.visible_check("load_balancing_loss")
 def check_load_balancing_loss(load_balancing_loss):
     probs = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.4, 0.4, 0.1, 0.1], [0.1, 0.2, 0.6, 0.1]], dtype=torch.float64)
     experts = torch.tensor([[0, 1], [0, 1], [2, 1]])
@@ -433,6 +435,7 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
 
 # %%
 #| test router_z_loss_visible points=1
+@course.visible_check("router_z_loss")
 def check_router_z_loss(router_z_loss):
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [-1.0, 4.0, 0.5], [2.0, -3.0, 1.0]], dtype=torch.float64)
     lse = torch.log(torch.exp(logits).sum(-1))
@@ -578,6 +581,7 @@ def _naive_plan(experts, n_experts, capacity):
     return rows, slots, [len(q) for q in queues]
 
 
+@course.visible_check("dispatch_plan")
 def check_dispatch_plan(dispatch_plan):
     experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])  # 4 tokens, top-2 of 3 experts
     for capacity in (None, 2):
@@ -679,6 +683,7 @@ def combine(outputs: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, weig
 
 # %%
 #| test combine_visible points=1
+@course.visible_check("combine")
 def check_combine(combine):
     outputs = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]], dtype=torch.float64)
     rows = torch.tensor([0, 1, 3, 0, 1])

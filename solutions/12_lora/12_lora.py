@@ -151,6 +151,7 @@ def lora_update(x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, alp
 
 # %%
 #| test lora_update_visible points=1
+@course.visible_check("lora_update")
 def check_lora_update(lora_update):
     """Rank 2, alpha 6, a batch of (2, 3) inputs of width 5 mapped to width 4."""
     x = torch.linspace(-1.0, 1.0, 30).reshape(2, 3, 5)
@@ -363,6 +364,7 @@ def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tenso
 
 # %%
 #| test merge_weight_visible points=1
+@course.visible_check("merge_weight")
 def check_merge_weight(merge_weight):
     """A (4, 5) weight with an adapter of rank 2 and alpha 6: the merged Linear must compute
     what the base plus the adapter computes."""
@@ -658,6 +660,7 @@ def lora_parameter_count(config: GPTConfig, r: int, targets=("q", "v")) -> int:
 
 # %%
 #| test lora_parameter_count_visible points=1
+@course.visible_check("lora_parameter_count")
 def check_lora_parameter_count(lora_parameter_count):
     """Against the adapters a real model gets, on the shipped model's shape and a small GQA config."""
     shipped_shape = GPTConfig(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, positions="rope",

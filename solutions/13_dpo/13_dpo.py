@@ -195,6 +195,7 @@ def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tenso
 
 # %%
 #| test response_logprobs_visible points=1
+@course.visible_check("response_logprobs")
 def check_response_logprobs(response_logprobs):
     """Two sequences of 6 tokens over a vocabulary of 5: a prompt of 2 tokens, a response of 3
     (the second row's last token is padding), with logits of a small ramp."""
@@ -400,6 +401,7 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 
 # %%
 #| test dpo_loss_visible points=1
+@course.visible_check("dpo_loss")
 def check_dpo_loss(dpo_loss):
     """Hand-computed cases: three pairs with beta = 0.5, a policy equal to its reference, and a
     pair ranked very badly."""
@@ -544,6 +546,7 @@ def implicit_reward(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: f
 
 # %%
 #| test implicit_reward_visible points=1
+@course.visible_check("implicit_reward")
 def check_implicit_reward(implicit_reward):
     """Three responses, beta = 0.2: the policy likes the first more than the reference does, the
     second less, the third the same."""
@@ -948,6 +951,7 @@ def kl_estimate(policy_logps: torch.Tensor, ref_logps: torch.Tensor) -> tuple[fl
 
 # %%
 #| test kl_estimate_visible points=1
+@course.visible_check("kl_estimate")
 def check_kl_estimate(kl_estimate):
     """Four sampled responses of 32 tokens, their log-probabilities under the policy and the reference."""
     policy, ref = torch.tensor([-40.0, -52.0, -35.0, -61.0]), torch.tensor([-43.0, -51.0, -41.0, -63.0])
