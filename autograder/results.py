@@ -101,8 +101,8 @@ def build(chapter, rebuilt, execution, submission: dict | None = None) -> dict:
     """The results of one graded submission."""
     flags = list(rebuilt.flags) + list(execution.flags if execution else [])
     reference = _reference_objects(chapter, execution)
-    for grade_id, reason in reference.items():
-        flags.append({"kind": "reference-use", "cell": grade_id, "detail": reason})
+    for grade_id, detail in reference.items():
+        flags.append({"kind": "reference-use", "cell": grade_id, "detail": detail})
     numbers = _numbering(chapter)
     tests = []
     for cell in chapter.tests:
