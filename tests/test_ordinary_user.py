@@ -25,10 +25,10 @@ from coursebuild import bundle, paths
 
 from . import labserver
 from .test_bundle import with_answers
+from .test_gradescope import CONTAINER_ROOT
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 4096  # the user's hard limit on processes: finite, as on a learner's machine
-CONTAINER_ROOT = ["setpriv", "--bounding-set=-sys_admin,-sys_resource", "--inh-caps=-sys_admin,-sys_resource"]
 pytestmark = pytest.mark.grading
 
 
