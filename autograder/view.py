@@ -88,12 +88,16 @@ def _stubbed_cells(chapter) -> frozenset[int]:
     """Indexes of the exported answer cells the view shows as the release does.
 
     Every exported answer starts as a stub; one whose names the rest of the view's code,
-    or any answer cell, refers to keeps its solution, until nothing changes. Computed once
-    a chapter: the view and the judge's plan of every submission read it.
+    or any answer cell, refers to keeps its solution, until nothing changes. A solution's
+    call of another exercise by its bare name counts too: that exercise's check gives it
+    the other's reference (:func:`package_names`). Computed once a chapter: the view and
+    the judge's plan of every submission read it.
     """
     exported = [c for c in chapter.cells if c.cell_type == "code" and marks.export_target(c.source)]
     stubbed = {c.index for c in exported if c.kind == "answer"}
+    exercises = {name for names in chapter.answer_names.values() for name in names}
     given = {c.index: _references(c.learner_source, answer=False) | _references(c.source, answer=True)
+             | (_references(c.source, answer=False) & exercises)
              for c in chapter.cells if c.kind == "answer"}
     while True:
         wanted = {index: set(names) for index, names in given.items()}
@@ -173,7 +177,10 @@ def package_names(chapter, held: frozenset[str] = frozenset()) -> dict[str, str]
     """name → dotted module, for each exercise whose solution the view keeps: the judge binds
     these names to the package's while it checks the other exercises, so that a check of
     one exercise never runs the learner's answer to another (what the view gives away
-    already, it may give here)."""
+    already, it may give here). None for a chapter read from the release (a self-check):
+    its package holds no solution to give, so each answer calls the learner's own."""
+    if chapter.release:
+        return {}
     return {name: marks.export_target(cell.source)[:-3].replace("/", ".")
             for cell in _held_cells(chapter) if cell.grade_id not in held
             for name in chapter.answer_names.get(cell.grade_id, ())}

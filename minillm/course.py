@@ -12,6 +12,8 @@
   :class:`NotAnswered`, which says "NAME: not answered yet" and nothing else, never a
   hint about a mistake (``NotImplementedError`` is a ``RuntimeError``, which checks catch
   to diagnose mistakes).
+- ``using``: within a check, an answer's calls of the exercises it builds on reach the
+  course's references, so the check grades that answer on its own.
 - ``keep_going``: after an exercise, binds a new name to the learner's function when it
   passes the visible test's checks, else to the package's reference, and says which. In a student
   bundle, where the reference of a chapter not yet due is a stub, a working answer takes
@@ -26,6 +28,7 @@ import random
 import sys
 import textwrap
 import time
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -206,7 +209,7 @@ def not_answered(name: str, error: BaseException) -> NotAnswered:
     return NotAnswered(name)
 
 
-def visible_check(name: str) -> Callable[[Callable], Callable]:
+def visible_check(name: str, /, **builds_on: object) -> Callable[[Callable], Callable]:
     """The decorator of a visible test's check function, ``name`` the exercise it checks.
 
     When the learner's code raises ``NotImplementedError`` (the exercise is not answered
@@ -214,12 +217,17 @@ def visible_check(name: str) -> Callable[[Callable], Callable]:
     whatever the check would have made of that error: checks catch ``RuntimeError`` to
     diagnose shape mistakes, and ``NotImplementedError`` is one. Other failures pass
     through unchanged.
+
+    ``builds_on``: the course's references of the exercises that this one calls, by the
+    names it calls them (``count_pairs=reference_tokenizer.count_pairs``). The check runs
+    the answer, its first argument, :func:`using` them, so it grades this exercise on its own.
     """
     def decorate(check: Callable) -> Callable:
         @functools.wraps(check)
-        def checked(*args, **kwargs):
+        def checked(answer, *args, **kwargs):
             try:
-                return check(*args, **kwargs)
+                with using(answer, **builds_on):
+                    return check(answer, *args, **kwargs)
             except Exception as error:
                 if not unanswered(error):
                     raise
@@ -532,6 +540,37 @@ class SkipUnsolved(ast.NodeTransformer):
                        + [ast.Expr(ast.Name(self.SHOWN, ast.Load()))])
         node.body = guarded
         return ast.fix_missing_locations(node)
+
+
+@contextmanager
+def using(answer: Callable, **references: object) -> Iterator[None]:
+    """Within the block, the global names ``references`` of the learner's function ``answer``
+    are the objects given (the course's references of the exercises it builds on), then
+    what they were before: its check then grades ``answer`` on its own, whatever the
+    learner's answers to those exercises do.
+
+    ``answer``'s globals are the notebook's, so the given code that it calls (a helper the
+    chapter wrote) sees the references too. A reference that is a student bundle's stub is
+    left out: the learner's own answer stands in for it. Anything but a plain function (the
+    grader's proxy of one, which binds the references itself) is left as it is.
+    """
+    namespace = answer.__globals__ if isinstance(answer, types.FunctionType) else None
+    stubs = {id(stub) for _, _, stub in _bundle_stubs()}
+    given = {name: value for name, value in references.items() if id(value) not in stubs}
+    if namespace is None or not given:
+        yield
+        return
+    missing = object()
+    saved = {name: namespace.get(name, missing) for name in given}
+    namespace.update(given)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
 
 
 def _waiting_for(name: str, learner: Callable) -> Callable:

@@ -29,7 +29,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from minillm import flash  # this module itself: the tiled forward calls its helpers as flash.tile_update, ...
 from minillm.checks import boolean, positive_int
 
 
@@ -152,14 +151,14 @@ def tiled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         acc = q.new_zeros((*lead, q1 - q0, v.shape[-1]))
         for k0 in range(0, k_len, block_k):
             k1 = min(k0 + block_k, k_len)
-            kind = flash.tile_visibility(q0, q1, k0, k1, offset) if causal else "full"
+            kind = tile_visibility(q0, q1, k0, k1, offset) if causal else "full"
             if kind == "skip":
                 break  # every later tile of this row of tiles is in the future too
             scores = q_block @ k[..., k0:k1, :].transpose(-2, -1)
             if kind == "partial":
                 allowed = torch.arange(k0, k1, device=q.device)[None, :] <= torch.arange(q0, q1, device=q.device)[:, None] + offset
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            m, l, acc = flash.tile_update(m, l, acc, scores, v[..., k0:k1, :])
+            m, l, acc = tile_update(m, l, acc, scores, v[..., k0:k1, :])
         out[..., q0:q1, :] = acc / l.masked_fill(l == 0, 1.0)
         lse[..., q0:q1] = (m + l.log()).squeeze(-1)
     return out, lse

@@ -249,10 +249,6 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int, *, device=None) -> torch.Te
     bias[h, i, j] = -m_h * (k_len - q_len + i - j): the queries are the last q_len of the
     k_len positions. Use with a causal mask (later keys get a positive bias).
     """
-    # The package's alibi_slopes: in the chapter's notebook this exercise is graded on its
-    # own, with the course's slopes rather than the learner's.
-    from minillm.positional import alibi_slopes
-
     positive_int("q_len", q_len)
     positive_int("k_len", k_len)
     if q_len > k_len:

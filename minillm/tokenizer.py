@@ -73,10 +73,6 @@ def train_step(word_counts: dict[tuple[int, ...], int], new_id: int) -> tuple[tu
     and the word counts in which it is merged into ``new_id``. Raises ``ValueError`` when
     no word has two tokens left.
     """
-    # The package's count_pairs and merge_pair: in the chapter's notebook this exercise is
-    # graded on its own, with the course's versions rather than the learner's.
-    from minillm.tokenizer import count_pairs, merge_pair
-
     counts = count_pairs(word_counts)
     if not counts:
         raise ValueError("word_counts has no pair left to merge: every word is a single token")
@@ -188,10 +184,6 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
     ``merges[r]`` is the pair of ids that merge number r joins into the id 256 + r. At
     each step the pair of lowest rank in the word is merged, everywhere in the word.
     """
-    # The package's merge_pair: in the chapter's notebook this exercise is graded on its own,
-    # with the course's merge_pair rather than the learner's.
-    from minillm.tokenizer import merge_pair
-
     if not isinstance(word, str):
         raise TypeError(f"word must be a str, got {type(word).__name__}")
     ids = list(word.encode("utf-8"))

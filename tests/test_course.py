@@ -315,3 +315,51 @@ def test_best_seconds_is_the_fastest_of_its_runs():
     assert 0.005 <= best < 0.02
     with pytest.raises(ValueError, match="repeats"):
         course.best_seconds(lambda: None, 0)
+
+
+def _notebook(source: str) -> dict:
+    """The namespace of a notebook that ran ``source``."""
+    namespace: dict = {}
+    exec(source, namespace)
+    return namespace
+
+
+def _reference_count_pairs(counts):
+    return {"reference": 1}
+
+
+@course.visible_check("train_step", count_pairs=_reference_count_pairs)
+def _check_train_step(train_step, expected):
+    course.expect_equal(train_step({}), expected, "train_step")
+
+
+def test_a_visible_check_runs_the_answer_with_the_references_it_builds_on():
+    notebook = _notebook("def count_pairs(counts):\n    raise ValueError('a wrong count_pairs')\n\n"
+                         "def helper(counts):\n    return count_pairs(counts)\n\n"
+                         "def train_step(counts):\n    return helper(counts)\n")
+    _check_train_step(notebook["train_step"], {"reference": 1})  # through the chapter's helper too
+    failure = _failure(_check_train_step, notebook["train_step"], {"other": 2})
+    assert "train_step: expected {'other': 2}" in str(failure)
+    with pytest.raises(ValueError, match="a wrong count_pairs"):
+        notebook["train_step"]({})  # the learner's own again, after a pass and after a failure
+
+    fresh = _notebook("def train_step(counts):\n    return count_pairs(counts)\n")
+    _check_train_step(fresh["train_step"], {"reference": 1})
+    assert "count_pairs" not in fresh, "a name the notebook did not define is removed again"
+
+
+def test_using_leaves_what_is_no_plain_function_and_a_bundles_stubs(monkeypatch):
+    class Proxy:  # the grader's proxy of a function: the grader binds the references itself
+        def __call__(self, counts):
+            return "the learner's process"
+
+    with course.using(Proxy(), count_pairs=_reference_count_pairs):
+        assert Proxy()({}) == "the learner's process"
+
+    def stub(counts):
+        raise NotImplementedError
+
+    notebook = _notebook("def count_pairs(counts):\n    return 'mine'\n\ndef train_step(counts):\n    return count_pairs(counts)\n")
+    monkeypatch.setattr(course, "_bundle_stubs", lambda: iter([("minillm.tokenizer", "count_pairs", stub)]))
+    with course.using(notebook["train_step"], count_pairs=stub):
+        assert notebook["train_step"]({}) == "mine", "a bundle's stub never replaces the learner's own answer"

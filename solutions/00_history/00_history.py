@@ -778,9 +778,9 @@ def block_parameters(config: ModelConfig, cross_attention: bool = False) -> int:
 #
 # Sinusoidal, RoPE and ALiBi positions are computed, not learned: they add nothing.
 #
-# The answer cell imports the course's `block_parameters` (from `minillm.config`), which
-# counts with the course's answers to exercises 3 and 4, not yours: this exercise is graded
-# on its own, whatever those answers do.
+# `block_parameters` calls your `attention_parameters` and `ffn_parameters`. The checks
+# of this exercise run it with the course's versions of those two instead, so this
+# exercise is graded on its own, whatever your answers to exercises 3 and 4 do.
 #
 # Difficulty ●●○ · Importance ●●● · about 15 minutes
 #
@@ -792,10 +792,6 @@ def block_parameters(config: ModelConfig, cross_attention: bool = False) -> int:
 #| export minillm/config.py
 def count_parameters(config: ModelConfig) -> int:
     """Exact number of parameters of the model ``config`` describes (tied weights counted once)."""
-    # The package's block_parameters: in the chapter's notebook this exercise is graded on its
-    # own, with the course's attention_parameters and ffn_parameters rather than the learner's.
-    from minillm.config import block_parameters
-
     ### BEGIN SOLUTION
     d = config.d_model
     total = config.vocab_size * d + config.n_token_types * d
@@ -817,6 +813,9 @@ def count_parameters(config: ModelConfig) -> int:
 
 # %%
 #| test count_parameters_visible points=1
+from minillm import config as reference_config
+
+
 def _count_cases():
     """(description, config, expected count): GPT-2 small and a Llama-style and a BERT-style model,
     each counted by building it with the `transformers` library."""
@@ -830,7 +829,8 @@ def _count_cases():
             ("a small BERT-style model", small_bert, 176_576)]
 
 
-@course.visible_check("count_parameters")
+@course.visible_check("count_parameters", attention_parameters=reference_config.attention_parameters,
+                      ffn_parameters=reference_config.ffn_parameters)
 def check_count_parameters(count_parameters):
     (_, gpt2, n_gpt2), (_, llama, n_llama), (_, bert, n_bert) = _count_cases()
     got = count_parameters(gpt2)
@@ -842,8 +842,7 @@ def check_count_parameters(count_parameters):
             "the final norm is missing": n_gpt2 - 2 * 768,
             "the embeddings are missing": n_gpt2 - 50257 * 768 - 1024 * 768,
         },
-        hint="the layers are n_layers * block_parameters(config), with the course's block_parameters that the "
-             "answer cell imports",
+        hint="the layers are n_layers * block_parameters(config)",
     )
     course.expect_equal(type(got), int, "the type of count_parameters' result",
                         hint="a parameter count is an int: is one of your counts computed with / ?")
@@ -929,8 +928,6 @@ for _ in range(6):  # random decoder-only models
 ### END HIDDEN TESTS
 
 # %%
-from minillm import config as reference_config
-
 count = course.keep_going("count_parameters", count_parameters, reference_config.count_parameters,
                           check_count_parameters)
 

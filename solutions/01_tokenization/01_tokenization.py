@@ -369,13 +369,13 @@ print("merge", best, "->", 256, ":", {bytes(w): n for w, n in toy.items()}, "->"
 # (compare the tuples: `(101, 115) < (115, 116)`). If no word has two tokens left, raise
 # `ValueError`.
 #
-# The answer cell imports the course's `count_pairs` and `merge_pair` (from
-# `minillm.tokenizer`) and calls them, not yours: this exercise is graded on its own,
-# whatever your answers to exercises 1 and 2 do.
+# Call your `count_pairs` and `merge_pair`. The checks of this exercise, visible and
+# hidden, run it with the course's versions of those two instead, so this exercise is
+# graded on its own, whatever your answers to exercises 1 and 2 do.
 #
 # Difficulty ●●○ · Importance ●●● · about 12 minutes
 #
-# <details><summary>Hint 1</summary>Count with <code>count_pairs(word_counts)</code> (the course's, imported in the answer cell); an empty result means no pair is left.</details>
+# <details><summary>Hint 1</summary>Count with <code>count_pairs(word_counts)</code>; an empty result means no pair is left.</details>
 # <details><summary>Hint 2</summary><code>min(counts, key=lambda p: (-counts[p], p))</code>: the highest count first, then the smallest pair.</details>
 # <details><summary>Hint 3</summary>The new table: <code>{tuple(merge_pair(list(w), best, new_id)): n for w, n in word_counts.items()}</code>.</details>
 
@@ -389,10 +389,6 @@ def train_step(word_counts: dict[tuple[int, ...], int], new_id: int) -> tuple[tu
     and the word counts in which it is merged into ``new_id``. Raises ``ValueError`` when
     no word has two tokens left.
     """
-    # The package's count_pairs and merge_pair: in the chapter's notebook this exercise is
-    # graded on its own, with the course's versions rather than the learner's.
-    from minillm.tokenizer import count_pairs, merge_pair
-
     ### BEGIN SOLUTION
     counts = count_pairs(word_counts)
     if not counts:
@@ -429,7 +425,8 @@ def _step_reference(word_counts, new_id, largest_on_tie=False):
     return best, table
 
 
-@course.visible_check("train_step")
+@course.visible_check("train_step", count_pairs=reference_tokenizer.count_pairs,
+                      merge_pair=reference_tokenizer.merge_pair)
 def check_train_step(train_step):
     case = _step_case()
     got = train_step(*case)
@@ -698,9 +695,9 @@ print(f"{len(sample):,} characters, {n_merges} merges: recounting {slow:.3f} s, 
 #
 # `merges[r]` is the pair `(a, b)` of ids that merge number `r` joins, into the new id
 # `256 + r`. Return the ids of `word` (a `str`): start from its UTF-8 bytes (ids 0–255,
-# not `ord` of the characters), then apply the merges in rank order as described. The
-# answer cell imports the course's `merge_pair`, so that this exercise is graded on its
-# own, whatever your answer to exercise 2 does.
+# not `ord` of the characters), then apply the merges in rank order as described. Call
+# your `merge_pair`: the checks run this exercise with the course's `merge_pair`, so
+# that it is graded on its own, whatever your answer to exercise 2 does.
 #
 # Difficulty ●●○ · Importance ●●● · about 15 minutes
 #
@@ -717,10 +714,6 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
     ``merges[r]`` is the pair of ids that merge number r joins into the id 256 + r. At
     each step the pair of lowest rank in the word is merged, everywhere in the word.
     """
-    # The package's merge_pair: in the chapter's notebook this exercise is graded on its own,
-    # with the course's merge_pair rather than the learner's.
-    from minillm.tokenizer import merge_pair
-
     ### BEGIN SOLUTION
     if not isinstance(word, str):
         raise TypeError(f"word must be a str, got {type(word).__name__}")
@@ -741,7 +734,7 @@ def _encode_case():
     return [(101, 115), (256, 116), (108, 111), (258, 119), (115, 116), (195, 169), (119, 101)]
 
 
-@course.visible_check("encode_word")
+@course.visible_check("encode_word", merge_pair=reference_tokenizer.merge_pair)
 def check_encode_word(encode_word):
     merges_case = _encode_case()
     course.expect_equal(

@@ -914,9 +914,9 @@ slopes_of = course.keep_going("alibi_slopes", alibi_slopes, reference_positional
 # Why $k_{len} - q_{len} + i$ and not just $i$? When a model generates with a cache
 # (chapter 09), it feeds only the newest $q_{len}$ tokens as queries while the keys cover
 # all $k_{len}$ tokens so far: query $i$ sits at absolute position $k_{len} - q_{len} + i$.
-# With $q_{len} = k_{len}$ the formula is the plain $-m_h (i - j)$. The answer cell
-# imports the course's `alibi_slopes` (from `minillm.positional`): use it, so that this
-# exercise is graded on its own, whatever your answer to exercise 4 does. Keys after the
+# With $q_{len} = k_{len}$ the formula is the plain $-m_h (i - j)$. Call your
+# `alibi_slopes`: the checks run this exercise with the course's `alibi_slopes`, so that
+# it is graded on its own, whatever your answer to exercise 4 does. Keys after the
 # query get a positive bias; the causal mask removes them. Raise a `ValueError` when
 # `q_len > k_len`.
 #
@@ -934,10 +934,6 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int, *, device=None) -> torch.Te
     bias[h, i, j] = -m_h * (k_len - q_len + i - j): the queries are the last q_len of the
     k_len positions. Use with a causal mask (later keys get a positive bias).
     """
-    # The package's alibi_slopes: in the chapter's notebook this exercise is graded on its
-    # own, with the course's slopes rather than the learner's.
-    from minillm.positional import alibi_slopes
-
     ### BEGIN SOLUTION
     positive_int("q_len", q_len)
     positive_int("k_len", k_len)
@@ -961,7 +957,7 @@ def _alibi_reference(n_heads, q_len, k_len, sign=-1.0, offset=True, distance=lam
     return bias
 
 
-@course.visible_check("alibi_bias")
+@course.visible_check("alibi_bias", alibi_slopes=reference_positional.alibi_slopes)
 def check_alibi_bias(alibi_bias):
     course.expect_close(
         alibi_bias(2, 3, 5),

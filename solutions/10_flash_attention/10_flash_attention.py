@@ -60,7 +60,7 @@ import matplotlib.pyplot as plt
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course
+from minillm import course, flash  # flash: the package's module, the course's reference of each exercise
 from minillm.attention import get_attention_backend
 
 device = course.setup(seed=0)
@@ -104,7 +104,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from minillm import flash  # this module itself: the tiled forward calls its helpers as flash.tile_update, ...
 from minillm.checks import boolean, positive_int
 
 # %% [markdown]
@@ -639,9 +638,10 @@ for n_q, n_k in ((16, 16), (4, 16)):
 # $O = \tilde O / \ell$ and $L = m + \log \ell$. The last blocks may be shorter (`N` need
 # not be a multiple of the block).
 #
-# Call the package's helpers, `flash.tile_update` and `flash.tile_visibility` (the setup
-# imported `flash`, the module `minillm.flash`), not your answers to Exercises 2 and 3, so
-# that this exercise is graded on its own. q: `(..., q_len, d)`; k, v: `(..., k_len, d)`,
+# Call your `tile_update` and `tile_visibility`. The checks of this exercise run it with
+# the course's versions of those two instead (`flash.tile_update` and
+# `flash.tile_visibility`), so that it is graded on its own, whatever your answers to
+# Exercises 2 and 3 do. q: `(..., q_len, d)`; k, v: `(..., k_len, d)`,
 # leading dimensions broadcasting against q's. Return `out` `(..., q_len, d)` in q's dtype
 # and `lse` `(..., q_len)`. Nothing of size $N_q \times N_k$ may be built: the tests
 # measure the memory.
@@ -680,14 +680,14 @@ def tiled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         acc = q.new_zeros((*lead, q1 - q0, v.shape[-1]))
         for k0 in range(0, k_len, block_k):
             k1 = min(k0 + block_k, k_len)
-            kind = flash.tile_visibility(q0, q1, k0, k1, offset) if causal else "full"
+            kind = tile_visibility(q0, q1, k0, k1, offset) if causal else "full"
             if kind == "skip":
                 break  # every later tile of this row of tiles is in the future too
             scores = q_block @ k[..., k0:k1, :].transpose(-2, -1)
             if kind == "partial":
                 allowed = torch.arange(k0, k1, device=q.device)[None, :] <= torch.arange(q0, q1, device=q.device)[:, None] + offset
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            m, l, acc = flash.tile_update(m, l, acc, scores, v[..., k0:k1, :])
+            m, l, acc = tile_update(m, l, acc, scores, v[..., k0:k1, :])
         out[..., q0:q1, :] = acc / l.masked_fill(l == 0, 1.0)
         lse[..., q0:q1] = (m + l.log()).squeeze(-1)
     return out, lse
@@ -704,7 +704,8 @@ def _naive_attention(q, k, v, causal=False):
     return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
 
 
-@course.visible_check("tiled_attention_forward")
+@course.visible_check("tiled_attention_forward", tile_update=flash.tile_update,
+                      tile_visibility=flash.tile_visibility)
 def check_tiled_attention_forward(tiled_attention_forward):
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64) for _ in range(3))

@@ -644,7 +644,6 @@ def lora_parameter_count(config: GPTConfig, r: int, targets=("q", "v")) -> int:
     only) d_model → d_ff; w2 d_ff → d_model. ``ValueError`` as ``lora_targets`` raises it
     (the q, k, v of a fused model aside: the count is that of the unfused model).
     """
-    from minillm.lora import lora_targets  # the course's version, so this exercise is graded on its own
     ### BEGIN SOLUTION
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
