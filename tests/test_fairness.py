@@ -6,9 +6,10 @@
 - Keep going never adopts a failing answer: each ``course.keep_going`` call passes a named
   check function, and for an exercise it is the function that the exercise's visible test
   cell defines and calls on the learner's answer.
-- Exercises are graded on their own: no answer cell, and no test cell, reaches a name that
-  another exercise's answer cell defines (directly, or through the chapter's given code),
-  nor a name that a keep-going cell binds to another exercise's answer.
+- Exercises are graded on their own: no test cell reaches a name that another exercise's
+  answer cell defines (directly, or through the chapter's given code), nor a name that a
+  keep-going cell binds to another exercise's answer; an answer cell that reaches one is
+  checked with its reference, by its visible check and by the grader.
 """
 from __future__ import annotations
 
@@ -184,13 +185,42 @@ def test_keep_going_runs_the_visible_test(slug):
         assert bound not in chapter.owner, f"{slug}: keep_going rebinds the graded name {bound}"
 
 
+def _builds_on(tree: ast.Module) -> set[str]:
+    """The names a visible test cell's check gives the references of: the keywords of its
+    ``@course.visible_check(NAME, **builds_on)``."""
+    return {keyword.arg for node in tree.body if isinstance(node, ast.FunctionDef)
+            for decorator in node.decorator_list
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "course.visible_check"
+            for keyword in decorator.keywords}
+
+
+def _given_by_the_grader(slug: str, grade_id: str) -> set[str]:
+    """The names that the grader binds to the package's while it checks ``grade_id``
+    (autograder.view.package_names, in the kernel that checks it)."""
+    from autograder import view
+    from autograder.chapters import Chapter as Graded
+
+    graded = Graded.load(slug)
+    held = next((group for group in view.held_groups(graded) if grade_id in group), frozenset())
+    return set(view.package_names(graded, held))
+
+
 @CHAPTERS
-def test_answers_need_no_other_answer(slug):
+def test_an_answer_that_builds_on_others_is_checked_with_their_references(slug):
+    """An answer may call another exercise by its plain name (in the notebook, the learner's
+    own); its checks give it the other's reference instead: the visible check by its
+    ``builds_on``, the grader by the package's names it binds."""
     chapter = load(slug)
     for grade_id, tree in chapter.answers.items():
         reached = _reached(chapter, tree, grade_id)
-        assert not reached, (f"{slug}: answer {grade_id} reaches {sorted(reached)}, defined by the answers to "
-                             f"{sorted(set(reached.values()))}: call the course's version, or make it self-contained")
+        if not reached:
+            continue
+        visible, _ = chapter.tests[f"{grade_id}_visible"]
+        assert set(reached) <= _builds_on(visible), (
+            f"{slug}: answer {grade_id} reaches {sorted(reached)}, the answers to {sorted(set(reached.values()))}: "
+            f"its visible check must give their references (@course.visible_check({grade_id!r}, NAME=reference))")
+        assert set(reached) <= _given_by_the_grader(slug, grade_id), (
+            f"{slug}: the grader checks {grade_id} without the references of {sorted(set(reached) - _given_by_the_grader(slug, grade_id))}")
 
 
 @CHAPTERS
@@ -212,4 +242,6 @@ def test_the_checks_can_fail():
     chapter.given["helper"] = ast.parse("def helper(x):\n    return a(x)").body[0]
     assert _reached(chapter, chapter.answers["b"], "b") == {}  # the course's a, imported in the function
     assert _reached(chapter, chapter.answers["c"], "c") == {"a": "a"}  # through given code
+    assert _builds_on(ast.parse('@course.visible_check("c", a=reference.a)\ndef check_c(c):\n    pass')) == {"a"}
+    assert _builds_on(ast.parse('@course.visible_check("c")\ndef check_c(c):\n    pass')) == set()
     assert _free_names(ast.parse("def f(y):\n    z = 1\n    return g(y, z)")) == {"g"}

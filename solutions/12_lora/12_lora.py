@@ -659,7 +659,8 @@ def lora_parameter_count(config: GPTConfig, r: int, targets=("q", "v")) -> int:
 
 # %%
 #| test lora_parameter_count_visible points=1
-@course.visible_check("lora_parameter_count")
+@course.visible_check("lora_parameter_count", lora_update=reference_lora.lora_update,
+                      merge_weight=reference_lora.merge_weight)  # LoRALinear calls them
 def check_lora_parameter_count(lora_parameter_count):
     """Against the adapters a real model gets, on the shipped model's shape and a small GQA config."""
     shipped_shape = GPTConfig(vocab_size=2048, context_length=128, d_model=128, n_layers=4, n_heads=4, positions="rope",
