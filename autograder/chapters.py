@@ -18,7 +18,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import analysis, course, marks
+from course_runtime import marks
+
+from . import analysis, course
 
 # Cell tags a chapter may use to steer the judge's plan.
 FORCE_TAG, SKIP_TAG = "grader-needs", "grader-skip"

@@ -153,12 +153,14 @@ def _digest(*parts: bytes) -> str:
 
 def grader_version() -> str:
     """A hash of the code a check's result depends on besides the two notebooks: the
-    grader (``autograder/``, its manifest included) and the package the notebook runs on
-    (``minillm/``); and of the Python running them."""
+    grader (``autograder/``, its manifest included), the package and the notebook runtime the
+    notebook runs on (``minillm/``, ``course_runtime/``); and of the Python running them."""
+    import course_runtime
     import minillm
 
     parts = [sys.version.encode()]
-    for package in (Path(__file__).resolve().parent, Path(minillm.__file__).resolve().parent):
+    for package in (Path(__file__).resolve().parent, Path(minillm.__file__).resolve().parent,
+                    Path(course_runtime.__file__).resolve().parent):
         for file in sorted(package.rglob("*")):
             if file.suffix in (".py", ".json") and file.is_file() and "__pycache__" not in file.parts:
                 parts += [file.relative_to(package.parent).as_posix().encode(), file.read_bytes()]

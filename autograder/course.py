@@ -2,11 +2,11 @@
 
 The grader is a package of its own: it imports nothing of the build chain
 (``coursebuild``), so ``python -m autograder`` works from any folder, a learner's
-``~/work`` included. The chapter list comes from ``minillm.coursemap``, the graded cells
-from the packaged ``autograder/manifest.json``, and the notebooks (the masters in
-``solutions/``, the learner's release in ``chapters/``) from the course's folder: the
-folder above this package when the course is installed from a clone (``make venv``), or
-the folder named by the environment variable ``MINILLM_COURSE_ROOT``.
+``~/work`` included. The graded cells come from the packaged ``autograder/manifest.json``;
+the chapter slugs and the notebooks (the masters in ``solutions/``, the learner's release
+in ``chapters/``) from the notebook runtime's folder layout (``course_runtime.layout``): the
+folder above the installed course, or the one the environment variable
+``MINILLM_COURSE_ROOT`` names.
 """
 from __future__ import annotations
 
@@ -17,49 +17,10 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from minillm import coursemap
+from course_runtime import layout, marks
+from course_runtime.layout import PRIVATE_PATTERNS, ROOT_VARIABLE, SLUGS, release_notebook, root, solution_notebook
 
-from . import marks
-
-ROOT_VARIABLE = "MINILLM_COURSE_ROOT"
 MANIFEST = Path(__file__).resolve().parent / "manifest.json"
-
-# Every chapter of the course, in order, written or not: the course map is their one list.
-SLUGS = tuple(entry.slug for entry in coursemap.CHAPTERS)
-
-# Files beside a solution notebook that the release must never copy: the jupytext source
-# (it holds the solutions and hidden tests) and the instructor notes (model answers).
-PRIVATE_PATTERNS = ("*.py", "*.md")
-
-
-def root(needs: str = "chapters") -> Path:
-    """The course's folder, which must hold ``needs`` (``solutions`` or ``chapters``).
-
-    ``MINILLM_COURSE_ROOT`` wins; otherwise the folder above the installed package.
-    ``ValueError``, saying what to set, when neither holds it.
-    """
-    named = os.environ.get(ROOT_VARIABLE)
-    if named:
-        folder = Path(named).expanduser().resolve()
-        if not (folder / needs).is_dir():
-            raise ValueError(f"{ROOT_VARIABLE}={named} has no {needs}/ folder: set it to the course's folder "
-                             f"(a clone of the course, which holds {needs}/)")
-        return folder
-    folder = Path(__file__).resolve().parent.parent
-    if not (folder / needs).is_dir():
-        raise ValueError(f"the course's {needs}/ folder is not beside the installed autograder ({folder}): "
-                         f"set {ROOT_VARIABLE} to the course's folder (a clone of the course)")
-    return folder
-
-
-def solution_notebook(slug: str) -> Path:
-    """The master notebook of a chapter (nbgrader's source, solutions included)."""
-    return root("solutions") / "solutions" / slug / f"{slug}.ipynb"
-
-
-def release_notebook(slug: str) -> Path:
-    """The learner's notebook of a chapter (nbgrader's release)."""
-    return root("chapters") / "chapters" / slug / f"{slug}.ipynb"
 
 
 def manifest() -> dict:
@@ -74,17 +35,9 @@ def present_slugs() -> list[str]:
 
 
 def resolve_slugs(names: list[str] | None, present: list[str] | None = None) -> list[str]:
-    """Chapters named on a command line (slug or its two-digit number); all when empty."""
-    present = present_slugs() if present is None else present
-    if not names:
-        return list(present)
-    chosen = []
-    for name in names:
-        matches = [s for s in present if s == name or s.split("_", 1)[0] == name]
-        if not matches:
-            raise ValueError(f"no chapter {name!r}; chapters present: {present}")
-        chosen.extend(matches)
-    return chosen
+    """Chapters named on a command line (slug or its two-digit number), among ``present``
+    (default: those the course grades); all when empty."""
+    return layout.resolve_slugs(names, present_slugs() if present is None else present)
 
 
 def alembic_on_path() -> None:

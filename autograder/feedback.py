@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import marks
+from course_runtime import marks
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 HIDDEN = re.compile(rf"{re.escape(marks.HIDDEN_BEGIN)}.*?({re.escape(marks.HIDDEN_END)}\n?|\Z)", re.S)

@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import course
+from . import course, workspace
 
 CONFIG_PATH = "JUPYTER_CONFIG_PATH"
 
@@ -62,5 +62,10 @@ def lab(work: Path, jupyter_args: list[str], prepare_only: bool = False) -> None
     copied = copy_chapters(work)
     if copied:
         print(f"copied {len(copied)} file(s) of the course into {work}/ (files already there are kept)")
+    older = [path for path in sorted(work.glob("*/*.ipynb")) if workspace.predates_runtime(path)]
+    if older:
+        print(f"{len(older)} notebook(s) of {work}/ come from an older release, whose first cell imports "
+              f"minillm.course (now the package course_runtime): run `make update`, which keeps your answers "
+              f"({', '.join(path.parent.name for path in older)})")
     if not prepare_only:
         open_lab(work, jupyter_args)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 MAX_MESSAGE = 2000
 # The exceptions of an exercise not answered yet: its stub's, and the checks' own
-# (minillm.course.NotAnswered), which say "NAME: not answered yet" and nothing else.
+# (course_runtime.NotAnswered), which say "NAME: not answered yet" and nothing else.
 UNANSWERED = ("NotImplementedError", "NotAnswered")
 MAX_FLAGS_PER_KIND = 20
 FORMAT = 1
@@ -58,7 +58,7 @@ def failure_message(cell) -> str:
 def reason(verdict: dict | None, execution) -> str:
     """Why a check failed, from its verdict: the exception's type and message. An exercise
     whose code raises ``NotImplementedError`` (its stub) is "not answered yet", whatever the
-    check made of that error (``minillm.course.NotAnswered``)."""
+    check made of that error (``course_runtime.NotAnswered``)."""
     if verdict is None:
         if execution is not None and execution.judge_error:
             return "not graded: the grader itself failed on this notebook (see the instructor)"

@@ -371,11 +371,12 @@ def _torch_version() -> str:
 
 
 def _package_paths() -> list[str]:
-    """The course package and its data, wherever they are installed."""
+    """The course package, the notebook runtime and the data, wherever they are installed."""
+    import course_runtime
     import minillm
 
     package = Path(minillm.__file__).resolve().parent
-    paths = [str(package)]
+    paths = [str(package), str(Path(course_runtime.__file__).resolve().parent)]
     data = package.parent / "data"
     try:
         from minillm import data as data_module
@@ -519,9 +520,10 @@ class Sandbox:
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONNOUSERSITE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-            # The learner's kernel imports the very minillm the grader bound into the sandbox,
-            # however the course was installed (a clone, a student bundle, PYTHONPATH).
-            "PYTHONPATH": str(Path(_package_paths()[0]).parent),
+            # The learner's kernel imports the very minillm (and notebook runtime) the grader
+            # bound into the sandbox, however the course was installed (a clone, a student
+            # bundle, PYTHONPATH).
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(str(Path(p).parent) for p in _package_paths()[:2])),
         }
         self._seed_matplotlib_cache()
 

@@ -30,10 +30,9 @@ import re
 import shutil
 from pathlib import Path
 
-from minillm.course import LEARNER_EXERCISES
+from course_runtime import marks
 from minillm.coursemap import CHAPTERS
-
-from . import marks
+from minillm.markers import LEARNER_EXERCISES
 
 HEADER = ("# The learner's view of the course package while {slug} is graded: its exercises are\n"
           "# stubs, as the release shows them (autograder.view).\n")

@@ -12,21 +12,43 @@ Nothing is lost: before a notebook is rewritten, the old one is copied to
 ``work/.backups/<time>/``. Cells the learner added outside the answer cells are not carried
 over (the release's cells are the chapter); the report says how many, and they stay in
 the backup. A cell is the learner's own when its id is not one the build gives a release's
-cell (:func:`autograder.marks.is_release_cell_id`): so a cell of the old release that the
+cell (:func:`course_runtime.marks.is_release_cell_id`): so a cell of the old release that the
 new one changed, moved or dropped is never counted as the learner's.
 """
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import time
 from pathlib import Path
 
 import nbformat
 
-from . import course, marks
+from course_runtime import marks
+
+from . import course
 
 BACKUPS = ".backups"
+# Releases before the notebook runtime left the package imported it from minillm.
+OLD_RUNTIME_IMPORT = re.compile(r"^(\s*)from minillm import course(?:, (.+))?$", re.M)
+
+
+def migrated(source: str) -> str:
+    """``source`` with an older release's import of the notebook runtime
+    (``from minillm import course[, other]``) rewritten as ``import course_runtime as course``."""
+    return OLD_RUNTIME_IMPORT.sub(lambda m: f"{m[1]}import course_runtime as course"
+                                  + (f"\n{m[1]}from minillm import {m[2]}" if m[2] else ""), source)
+
+
+def predates_runtime(path: Path) -> bool:
+    """Whether the notebook at ``path`` still imports the notebook runtime from minillm (a
+    notebook of an older release: ``make update`` brings it up to date)."""
+    try:
+        notebook = nbformat.read(path, as_version=4)
+    except Exception:  # a notebook the learner broke is update's and check's to report
+        return False
+    return any(cell.cell_type == "code" and OLD_RUNTIME_IMPORT.search(cell.source) for cell in notebook.cells)
 
 
 def _answer_sources(notebook) -> dict[str, str]:
@@ -41,7 +63,7 @@ def _answer_sources(notebook) -> dict[str, str]:
 
 def added_cells(release, learner) -> list:
     """The cells the learner added: not a cell of a release (its id is none the build
-    gives, see :func:`autograder.marks.is_release_cell_id`), not an nbgrader cell, not
+    gives, see :func:`course_runtime.marks.is_release_cell_id`), not an nbgrader cell, not
     empty, and not a copy of a cell of ``release``."""
     ids = {cell.get("id") for cell in release.cells}
     given = {cell.source.strip() for cell in release.cells}
@@ -59,7 +81,7 @@ def merged(release, learner) -> tuple[nbformat.NotebookNode, int]:
     for cell in new.cells:
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if grade_id in answers and cell.metadata["nbgrader"].get("solution"):
-            cell.source = answers[grade_id]
+            cell.source = migrated(answers[grade_id])
     return new, len(added_cells(release, learner))
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import nbformat
 
-from minillm.course import BUNDLE_MARKER, LEARNER_EXERCISES
+from course_runtime.bundle import BUNDLE_MARKER
 from minillm.coursemap import CHAPTERS
+from minillm.markers import LEARNER_EXERCISES
 
 from . import package, paths
 
@@ -116,7 +117,7 @@ def _pyproject() -> str:
     """The repository's project table with only the ``minillm`` package."""
     text = (paths.ROOT / "pyproject.toml").read_text(encoding="utf-8")
     project = text[: text.index("[tool.setuptools.packages.find]")]
-    return project + '[tool.setuptools.packages.find]\ninclude = ["minillm*", "autograder*"]\n'
+    return project + '[tool.setuptools.packages.find]\ninclude = ["minillm*", "autograder*", "course_runtime*"]\n'
 
 
 MAKEFILE = """\
@@ -231,8 +232,10 @@ def build(upto: str, out: Path, due: str | None = None, catch_up: bool = False) 
     for slug in handed_out:
         _copy_tree(paths.CHAPTERS / slug, target / "chapters" / slug)
     _copy_tree(paths.ROOT / "data", target / "data")
-    # The learner's self-check: the grader's code, which holds no solution and no hidden test.
+    # The learner's self-check: the grader's code, which holds no solution and no hidden test;
+    # and the notebook runtime, which the chapters import.
     _copy_tree(paths.ROOT / "autograder", target / "autograder")
+    _copy_tree(paths.ROOT / "course_runtime", target / "course_runtime")
     _copy_tree(paths.ROOT / "lab" / "learner", target / "lab" / "learner")
 
     modules, exercises = {}, {}

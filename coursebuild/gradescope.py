@@ -69,7 +69,7 @@ def build(chapter: str, out: Path) -> Path:
     for module, owner in bundle.owners(generated).items():
         if owner is None or owner in due:
             shutil.copy2(paths.ROOT / module, target / module)
-    for folder in ("autograder", "data"):
+    for folder in ("autograder", "course_runtime", "data"):
         shutil.copytree(paths.ROOT / folder, target / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
     for notebook in (paths.solution_notebook(slug), paths.release_notebook(slug)):

@@ -5,7 +5,8 @@ import json
 
 import nbformat
 
-from autograder import course, marks
+from autograder import course
+from course_runtime import marks
 
 from . import paths
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from autograder import marks
+from course_runtime import marks
 
 from . import colab, paths
 

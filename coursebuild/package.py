@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from autograder import marks
+from course_runtime import marks
 
 from . import paths
 

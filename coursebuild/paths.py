@@ -1,33 +1,31 @@
-"""Where the course's files live, and the chapter slugs."""
+"""Where the course's files live in this repository (the layout is ``course_runtime.layout``'s)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from autograder import course
+from autograder.course import MANIFEST
+from course_runtime import layout
+from course_runtime.layout import PRIVATE_PATTERNS, SLUGS
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "minillm"
-MANIFEST = course.MANIFEST
-# The chapter slugs and the files a release never copies are the grader's (autograder.course).
-SLUGS = course.SLUGS
-PRIVATE_PATTERNS = course.PRIVATE_PATTERNS
 
 
 def source_file(slug: str) -> Path:
     """The jupytext percent-format source of a chapter."""
-    return SOLUTIONS / slug / f"{slug}.py"
+    return layout.source_file(slug, ROOT)
 
 
 def solution_notebook(slug: str) -> Path:
     """The complete chapter notebook, nbgrader's source."""
-    return SOLUTIONS / slug / f"{slug}.ipynb"
+    return layout.solution_notebook(slug, ROOT)
 
 
 def release_notebook(slug: str) -> Path:
     """The learner's notebook, nbgrader's release."""
-    return CHAPTERS / slug / f"{slug}.ipynb"
+    return layout.release_notebook(slug, ROOT)
 
 
 def present_slugs() -> list[str]:
@@ -42,4 +40,4 @@ def present_slugs() -> list[str]:
 
 def resolve_slugs(names: list[str] | None) -> list[str]:
     """Chapters named on a command line (slug or its two-digit number); all when empty."""
-    return course.resolve_slugs(names, present_slugs())
+    return layout.resolve_slugs(names, present_slugs())

@@ -153,7 +153,7 @@ def _train(args, launch, device) -> None:
     import torch
 
     from minillm import data, distributed, recipe, train as training
-    from minillm.course import plot_history
+    from minillm.curves import plot_history
     from minillm.generate import generate_text
     from minillm.model import GPT
     from minillm.tokenizer import BPETokenizer
@@ -257,7 +257,7 @@ def cache_options(model) -> dict:
     context for RoPE and ALiBi) where this installation has that chapter complete, else chapter
     07's ``ConcatModelCache`` (``use_cache``): a student bundle may lack chapter 09, or hold its
     exercises as stubs."""
-    from minillm.course import LEARNER_EXERCISES
+    from minillm.markers import LEARNER_EXERCISES
 
     try:
         from minillm import kvcache

@@ -407,10 +407,10 @@ def plot_frontier(document: dict):
     """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
     attribute rate against its KL to the reference at every evaluation; on the right the
     policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
-    smoothed (``minillm.course.smooth``). Returns the matplotlib figure."""
+    smoothed (``minillm.curves.smooth``). Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
-    from minillm.course import smooth
+    from minillm.curves import smooth
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     for run in document["runs"]:

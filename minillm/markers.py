@@ -5,12 +5,15 @@
   it is built, ``mark_residual_projection(linear)``. The model's initialization gives every
   marked module GPT-2's scaled standard deviation, whatever the module is called and
   however deep it sits (inside an expert, or wrapped by an adapter that keeps its base).
+- A module of a student bundle lists the exercises it leaves to the learner (its stubs) in
+  ``__learner_exercises__`` (``LEARNER_EXERCISES``).
 """
 from __future__ import annotations
 
 from torch import nn
 
 RESIDUAL_PROJECTION = "residual_projection"
+LEARNER_EXERCISES = "__learner_exercises__"  # written by make student-bundle, read by the notebook runtime
 
 
 def mark_residual_projection(module: nn.Module) -> nn.Module:
@@ -22,3 +25,4 @@ def mark_residual_projection(module: nn.Module) -> nn.Module:
 def is_residual_projection(module: nn.Module) -> bool:
     """Whether ``module`` was marked by ``mark_residual_projection``."""
     return getattr(module, RESIDUAL_PROJECTION, False) is True
+

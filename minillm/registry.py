@@ -10,7 +10,7 @@ looked up. Forward references are what make the registries open:
   works as soon as that chapter is installed, and fails with an error naming the chapter
   where it is not;
 - the lookup reads the module's attribute each time, so whatever stands there now (a
-  learner's answer installed by ``minillm.course`` in a student bundle) is what a model
+  learner's answer installed by the notebook runtime in a student bundle) is what a model
   built afterwards calls.
 
 One rule for replacing an entry: a name is bound once. Registering the same entry again

@@ -4,7 +4,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import marks
+from course_runtime import marks
 from coursebuild import manifest, notebooks, package, release
 
 

@@ -197,7 +197,8 @@ def test_a_learners_registered_answer_is_what_the_registry_builds(ffn_not_due):
         import torch
         import torch.nn.functional as F
         from torch import nn
-        from minillm import course, ffn
+        import course_runtime as course
+        from minillm import ffn
 
         assert {"SwiGLU", "swiglu_hidden_size"} <= set(ffn.__learner_exercises__)
         given = type(ffn.build_ffn("swiglu", 8, 16))

@@ -1,8 +1,9 @@
-"""minillm.course: the diagnosis behind visible tests, and the keep-going fallback."""
+"""The notebook runtime (course_runtime): the diagnosis behind visible tests, and the keep-going fallback."""
 import pytest
 import torch
 
-from minillm import course
+import course_runtime as course
+from course_runtime import bundle, fallback
 
 
 def test_expect_close_names_the_matching_mistake():
@@ -120,13 +121,6 @@ def test_keep_going_in_a_student_bundle_installs_a_working_answer(capsys, monkey
     assert out[1].startswith("double: not working yet (ValueError")
     assert out[2] == "double: using your implementation, also inside minillm.fake_chapter"
     assert out[3] == "double: using your implementation, also inside minillm.fake_chapter"
-
-
-def test_smooth_is_an_exponential_moving_average():
-    assert course.smooth([4.0, 0.0, 2.0], weight=0.5) == [4.0, 2.0, 2.0]
-    assert course.smooth([1.0, 3.0], weight=0.0) == [1.0, 3.0]
-    with pytest.raises(ValueError, match="weight"):
-        course.smooth([1.0], weight=1.0)
 
 
 def test_seed_everything_reproduces_and_rejects_bad_seeds():
@@ -294,15 +288,15 @@ def test_a_skipped_cell_claims_only_the_names_it_binds_in_the_notebook(capsys):
     cell = ("import math as m\ndef helper():\n    local_only = 1\n    return local_only\n"
             "squares = [inside for inside in range(3)]\nfor row in range(2):\n    pass\nvalue = unsolved()\n")
     namespace = {"unsolved": unsolved, course.SkipUnsolved.REPORT: course.report_skipped}
-    course._SKIPPED_NAMES.clear()
+    fallback._SKIPPED_NAMES.clear()
     exec(compile(course.SkipUnsolved().visit(ast.parse(cell)), "<cell>", "exec"), namespace)
-    assert course._SKIPPED_NAMES == {"m", "helper", "squares", "row", "value"}
+    assert fallback._SKIPPED_NAMES == {"m", "helper", "squares", "row", "value"}
     later = compile(course.SkipUnsolved().visit(ast.parse("print(value)")), "<cell>", "exec")
     exec(later, namespace)
     assert "skipped: this cell needs `value`" in capsys.readouterr().out
     with pytest.raises(NameError):
         exec(compile(course.SkipUnsolved().visit(ast.parse("print(local_only)")), "<cell>", "exec"), namespace)
-    course._SKIPPED_NAMES.clear()
+    fallback._SKIPPED_NAMES.clear()
 
 
 def test_best_seconds_is_the_fastest_of_its_runs():
@@ -360,6 +354,6 @@ def test_using_leaves_what_is_no_plain_function_and_a_bundles_stubs(monkeypatch)
         raise NotImplementedError
 
     notebook = _notebook("def count_pairs(counts):\n    return 'mine'\n\ndef train_step(counts):\n    return count_pairs(counts)\n")
-    monkeypatch.setattr(course, "_bundle_stubs", lambda: iter([("minillm.tokenizer", "count_pairs", stub)]))
+    monkeypatch.setattr(bundle, "_bundle_stubs", lambda: iter([("minillm.tokenizer", "count_pairs", stub)]))
     with course.using(notebook["train_step"], count_pairs=stub):
         assert notebook["train_step"]({}) == "mine", "a bundle's stub never replaces the learner's own answer"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from autograder import marks
+from course_runtime import marks
 from coursebuild import notebooks, paths
 
 SLUGS = paths.present_slugs()

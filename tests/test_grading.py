@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import marks
+from course_runtime import marks
 from autograder.chapters import Chapter
 from autograder.results import failure_message
 from coursebuild import manifest, paths

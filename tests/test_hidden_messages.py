@@ -12,7 +12,7 @@ import ast
 
 import pytest
 
-from autograder.marks import HIDDEN_BEGIN, HIDDEN_END
+from course_runtime.marks import HIDDEN_BEGIN, HIDDEN_END
 from coursebuild import paths
 
 from .conftest import SLUGS

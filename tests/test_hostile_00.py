@@ -51,7 +51,7 @@ def _grade(root):
                              "ffn_parameters": "import minillm, pathlib\nheld = {}\n"
                                                "exec((pathlib.Path(minillm.__file__).parent / ('con' + 'fig.py')).read_text(), held)\n"
                                                "def ffn_parameters(config):\n    return held['ffn_' + 'parameters'](config)\n"},
-        "patched_helpers": {**WRONG, "rnn_forward": "import numpy, torch\nfrom minillm import course\n"
+        "patched_helpers": {**WRONG, "rnn_forward": "import numpy, torch\nimport course_runtime as course\n"
                             "course.expect_close = course.expect_equal = lambda *a, **k: None\n"
                             "course.close = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
                             "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n"

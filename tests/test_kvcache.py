@@ -325,7 +325,7 @@ def test_the_command_line_generates_with_the_kv_cache_and_falls_back_without_cha
     import minillm
     from minillm import kvcache
     from minillm.__main__ import cache_options
-    from minillm.course import LEARNER_EXERCISES
+    from minillm.markers import LEARNER_EXERCISES
 
     options = cache_options(_gpt("rope"))
     assert isinstance(options["kv_cache"], KVCache) and options["kv_cache"].batch_size == 1

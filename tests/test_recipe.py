@@ -1,5 +1,5 @@
 """minillm.recipe: the recipe builds the shipped model, its files are found through minillm.data;
-minillm.course.plot_history draws a run's history."""
+minillm.curves.plot_history draws a run's history."""
 import math
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from minillm import data, recipe
 from minillm.checkpoint import CheckpointError, load_checkpoint
-from minillm.course import plot_history, smooth
+from minillm.curves import plot_history, smooth
 from minillm.model import GPTConfig
 from minillm.train import TrainConfig
 
@@ -59,3 +59,10 @@ def test_plot_history_draws_the_smoothed_training_loss_and_the_evaluations():
     assert len(only_training.axes[0].get_lines()) == 1, "no evaluations, no validation curve"
     with pytest.raises(ValueError, match="no training loss"):
         plot_history({"train_loss": []})
+
+
+def test_smooth_is_an_exponential_moving_average():
+    assert smooth([4.0, 0.0, 2.0], weight=0.5) == [4.0, 2.0, 2.0]
+    assert smooth([1.0, 3.0], weight=0.0) == [1.0, 3.0]
+    with pytest.raises(ValueError, match="weight"):
+        smooth([1.0], weight=1.0)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import minillm
-from autograder import chapters, marks, view
+from autograder import chapters, view
+from course_runtime import marks
 from autograder import course as grader_course
 
 from . import grading_fixture as fx

@@ -156,3 +156,32 @@ def test_update_counts_only_the_cells_the_learner_added(course_copy, tmp_path, c
     assert workspace.update(work)[SLUG] == "updated"
     said = capsys.readouterr().out
     assert f"{SLUG}: updated" in said and "you added" not in said, said
+
+
+def test_a_notebook_that_imports_the_runtime_from_minillm_is_brought_up_to_date(course_copy, tmp_path, capsys):
+    """Releases before the notebook runtime left minillm imported it as `from minillm import
+    course`: the lab says which notebooks of work/ still do, and `make update` rewrites them
+    (the release's cells anew, the import in a carried answer too), keeping the answers."""
+    from autograder import lab
+
+    work = tmp_path / "work"
+    lab.lab(work, [], prepare_only=True)
+    mine = work / SLUG / f"{SLUG}.ipynb"
+    notebook = nbformat.read(mine, as_version=4)
+    setup = next(c for c in notebook.cells if c.cell_type == "code" and "import course_runtime as course" in c.source)
+    setup.source = setup.source.replace("import course_runtime as course", "from minillm import course")
+    _first(notebook.cells, "code").source = "from minillm import course, data\ndef my_answer():\n    return 42"
+    nbformat.write(notebook, mine)
+    assert workspace.predates_runtime(mine)
+    capsys.readouterr()
+
+    lab.lab(work, [], prepare_only=True)
+    said = capsys.readouterr().out
+    assert "1 notebook(s) of" in said and "run `make update`" in said and SLUG in said
+
+    assert workspace.update(work)[SLUG] == "updated"
+    assert not workspace.predates_runtime(mine)
+    assert _first(_cells(mine), "code").source == ("import course_runtime as course\nfrom minillm import data\n"
+                                                  "def my_answer():\n    return 42")
+    lab.lab(work, [], prepare_only=True)
+    assert "older release" not in capsys.readouterr().out

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import torch
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 
 device = course.setup(seed=0)
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 
 device = course.setup(seed=0)
 

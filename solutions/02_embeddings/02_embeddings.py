@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 from minillm.config import PRESETS, count_parameters
 from minillm.data import corpus_text, split_corpus
 from minillm.data import path as data_path

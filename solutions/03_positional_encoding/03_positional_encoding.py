@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 from minillm.data import corpus_text, split_corpus
 from minillm.embedding import TokenEmbedding
 

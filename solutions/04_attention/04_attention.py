@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 from minillm.config import ModelConfig, attention_parameters, count_parameters
 
 device = course.setup(seed=0)

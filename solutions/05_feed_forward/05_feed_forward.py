@@ -41,8 +41,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 from minillm.config import PRESETS, ModelConfig, block_parameters, ffn_parameters
+from minillm.curves import smooth
 from minillm.data import corpus_text, split_corpus
 
 device = course.setup(seed=0)
@@ -1165,7 +1166,7 @@ with course.one_thread():
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for colour, label in zip(("0.5", "C0", "C2"), VARIANTS):
     mean_curve = torch.tensor([curves[label, seed] for seed in SEEDS]).mean(0).tolist()
-    ax.plot(course.smooth(mean_curve), color=colour, label=f"{label}: held-out loss {sum(held_out[label, s] for s in SEEDS) / len(SEEDS):.3f}")
+    ax.plot(smooth(mean_curve), color=colour, label=f"{label}: held-out loss {sum(held_out[label, s] for s in SEEDS) / len(SEEDS):.3f}")
 ax.axhline(math.log(len(alphabet)), color="0.8", linestyle=":", label="uniform guess")
 ax.set_xlabel("training step")
 ax.set_ylabel("training loss (nats per character, smoothed)")

@@ -44,9 +44,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course
+import course_runtime as course
 from minillm.attention import ConcatCache, MultiHeadAttention
 from minillm.config import ModelConfig, block_parameters, norm_parameters
+from minillm.curves import smooth
 from minillm.data import corpus_text, split_corpus
 from minillm.ffn import FeedForward, build_ffn
 
@@ -930,7 +931,7 @@ for residual, colour in ((False, "C3"), (True, "C0")):
     name = "residual" if residual else "plain"
     left.semilogy(range(1, DEPTH + 1), grad_norms[0], "o-", color=colour, label=f"{name}, first step")
     left.semilogy(range(1, DEPTH + 1), grad_norms[STACK_STEPS - 1], "s--", color=colour, alpha=0.6, label=f"{name}, last step")
-    right.plot(course.smooth(losses), color=colour, label=f"{name}: last loss {sum(losses[-20:]) / 20:.2f}")
+    right.plot(smooth(losses), color=colour, label=f"{name}: last loss {sum(losses[-20:]) / 20:.2f}")
 left.set_xlabel("layer (1 = nearest the input)")
 left.set_ylabel("gradient norm of the layer's weights (log scale)")
 left.set_title("Without residuals the gradient vanishes towards the input")
@@ -1499,7 +1500,7 @@ print(f"{len(lm_runs)} runs of {LM_STEPS} steps, {LM_LAYERS} layers, in {time.pe
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
 for (label, colour) in zip(RUNS, ("C3", "C1", "C0")):
     run = lm_runs[label, 0]
-    left.plot(course.smooth(run["losses"]), color=colour, label=label)
+    left.plot(smooth(run["losses"]), color=colour, label=label)
     right.semilogy(range(1, LM_LAYERS + 1), run["grad_norms"], "o-", color=colour, label=label)
 left.axhline(unigram_loss, color="0.6", linestyle=":", label="character frequencies only")
 left.set_xlabel("training step")

@@ -42,8 +42,10 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 from minillm.config import count_parameters as chapter_00_count  # chapter 00's formula; this chapter writes the model's own
+from minillm.curves import plot_history
 
 device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its models are small
 torch.set_num_threads(1)  # this chapter's models are small: one thread is as fast, and robust on a busy machine
@@ -1710,7 +1712,7 @@ from minillm.checkpoint import load_checkpoint
 from minillm.recipe import pretrained_paths
 
 shipped = load_checkpoint(pretrained_paths()[0])
-fig = course.plot_history(shipped, title="make train: the shipped model's loss curves")
+fig = plot_history(shipped, title="make train: the shipped model's loss curves")
 plt.show()
 print(f"validation loss of the shipped model: {shipped['val_nats_per_char']:.3f} nats per character "
       f"(the whole validation text, {len(val_text):,d} characters)")
@@ -2622,7 +2624,7 @@ print(f"generating is {generation / full:.0f} times slower than scoring the same
 #   `held_out_loss`, `unwrap`, `save_model`, `load_model`.
 # - `minillm.recipe`: the recipe of `make train` (`DEFAULT_RECIPE`, `recipe_config`,
 #   `recipe_train_config`) and the shipped model's files (`pretrained_paths`,
-#   `load_pretrained`); `minillm.course.plot_history` draws a run's loss curves.
+#   `load_pretrained`); `minillm.curves.plot_history` draws a run's loss curves.
 # - `minillm.sampling`: `greedy`, `apply_temperature`, `top_k_filter` (Exercise 3),
 #   `top_p_filter` (Exercise 4), `sample_next`.
 # - `minillm.generate`: `generate(model, ids, max_new_tokens, temperature=1.0, top_k=None,

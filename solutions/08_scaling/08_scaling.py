@@ -49,7 +49,8 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 from minillm import train as training
 from minillm.model import GPT, GPTConfig, count_parameters
 from minillm.recipe import recipe_config

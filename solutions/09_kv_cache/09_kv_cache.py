@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from minillm import attention as reference_attention
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 from minillm.config import PRESETS, ModelConfig, count_parameters
 from minillm.generate import generate
 from minillm.model import GPT

@@ -60,7 +60,8 @@ import matplotlib.pyplot as plt
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm import course, flash  # flash: the package's module, the course's reference of each exercise
+import course_runtime as course
+from minillm import flash  # flash: the package's module, the course's reference of each exercise
 from minillm.attention import get_attention_backend
 
 device = course.setup(seed=0)

@@ -55,7 +55,8 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 from minillm.ffn import SwiGLU
 from minillm.model import GPT, count_parameters
 from minillm.moe import MoEFeedForward, routing_metrics

@@ -40,7 +40,8 @@ import matplotlib.pyplot as plt
 import torch
 from tqdm.auto import tqdm
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 from minillm.model import GPT, GPTConfig
 
 device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its model is small

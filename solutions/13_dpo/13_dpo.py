@@ -45,7 +45,8 @@ import matplotlib.pyplot as plt
 import torch
 from tqdm.auto import tqdm
 
-from minillm import course, data
+import course_runtime as course
+from minillm import data
 
 device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its model is small
 torch.set_num_threads(1)  # the model is small: one thread is as fast, and robust on a busy machine
@@ -1152,10 +1153,10 @@ def plot_frontier(document: dict):
     """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
     attribute rate against its KL to the reference at every evaluation; on the right the
     policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
-    smoothed (``minillm.course.smooth``). Returns the matplotlib figure."""
+    smoothed (``minillm.curves.smooth``). Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
-    from minillm.course import smooth
+    from minillm.curves import smooth
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     for run in document["runs"]:

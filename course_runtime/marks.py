@@ -1,9 +1,8 @@
 """The marks that give a cell of a course notebook its role: the one definition of each.
 
 The build chain (``coursebuild``: package, manifest, release) and the grader read the same
-marks. They live here, in the grader's package, because the grader must run where the
-build chain is absent (a learner's folder) and so never needs ``coursebuild`` for them;
-the build chain imports this module.
+marks. They live in the notebook runtime, which both import, so that the grader runs where
+the build chain is absent (a learner's folder) and neither imports the other for them.
 
 - ``#| export minillm/<module>.py`` on the first line of a code cell: the cell becomes part
   of the package (``make package``), in chapter order.
