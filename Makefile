@@ -7,7 +7,7 @@ WORK   ?= work
 # nbgrader runs `alembic` from PATH, so the venv's bin/ comes first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv constraints lab instructor-lab test test-numerics test-install train student-bundle catch-up gradescope book solutions notebooks package release manifest build check grade self-check progress update reset doctor bench clean-venv
+.PHONY: help venv constraints lab instructor-lab test test-numerics test-install train student-bundle catch-up gradescope book solutions notebooks package release manifest build check grade self-check progress export update reset doctor bench clean-venv
 
 help:
 	@echo "make lab       open the course in JupyterLab (your copy lives in $(WORK)/)"
@@ -27,6 +27,7 @@ help:
 	@echo "make grade     grade notebooks: make grade FILES='sub/' OUT=graded JOBS=2"
 	@echo "make self-check  a learner's report: make self-check CHAPTER=work/00_history"
 	@echo "make progress  one line per chapter of $(WORK)/: visible checks passing, written answers given (unchanged chapters keep their last result)"
+	@echo "make export CHAPTER=04  your answers that pass their visible tests into your own copy of minillm ($(WORK)/.minillm/)"
 	@echo "make update    bring new or changed chapters into $(WORK)/, keeping your answers (backups in $(WORK)/.backups/)"
 	@echo "make reset     start a chapter over from its release: make reset CHAPTER=04 (a backup is kept)"
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
@@ -185,6 +186,11 @@ progress: $(LEARNER_STAMP)
 update: $(LEARNER_STAMP)
 	@mkdir -p $(WORK)
 	$(BIN)/python -m autograder update --work $(WORK)
+
+# Your answers of a chapter that pass their visible tests become your own copy of the package,
+# $(WORK)/.minillm/minillm/, which the lab's kernels import first (restart the kernel after it).
+export: $(LEARNER_STAMP)
+	$(BIN)/python -m autograder export $(CHAPTER) --work $(WORK)
 
 reset: $(LEARNER_STAMP)
 	$(BIN)/python -m autograder reset $(CHAPTER) --work $(WORK)

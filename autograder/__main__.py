@@ -35,7 +35,12 @@
     answer cells and written answers; the old notebooks go to ``FOLDER/.backups/``.
 
 ``python -m autograder reset CHAPTER [--work FOLDER]``
-    Give one chapter the untouched release; the old notebook goes to ``FOLDER/.backups/``.
+    Give one chapter the untouched release; the old notebook goes to ``FOLDER/.backups/``, and
+    the chapter's exports are withdrawn.
+
+``python -m autograder export CHAPTER [--work FOLDER]``
+    Write the chapter's answers that pass their visible tests into your own copy of the
+    package, ``FOLDER/.minillm/minillm/``, which the lab's kernels import (``autograder.export``).
 
 ``python -m autograder lab [--work FOLDER] [--prepare-only] [JUPYTER_ARGS...]``
     The learner's lab: the chapters copied into your work folder (default ``./work``; files
@@ -119,6 +124,10 @@ def main(argv=None) -> int:
     reset.add_argument("chapter", metavar="CHAPTER", help="chapter number or slug")
     reset.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
                        help="your work folder (default ./work)")
+    export = commands.add_parser("export", help="write a chapter's working answers into your own copy of the package")
+    export.add_argument("chapter", metavar="CHAPTER", help="a notebook, a chapter's folder, a chapter number or slug")
+    export.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
+                        help="your work folder (default ./work)")
     lab = commands.add_parser("lab", help="open your work folder in a learner's JupyterLab (other arguments go "
                                           "to jupyter lab)")
     lab.add_argument("--work", type=Path, default=Path("work"), metavar="FOLDER",
@@ -141,6 +150,7 @@ def main(argv=None) -> int:
     simple = {
         "update": ("workspace", lambda module: module.update(args.work)),
         "reset": ("workspace", lambda module: module.reset(args.work, args.chapter)),
+        "export": ("export", lambda module: module.export(args.chapter, args.work)),
         "lab": ("lab", lambda module: module.lab(args.work, jupyter_args, args.prepare_only)),
         "feedback": ("final", lambda module: module.refresh(args.out, args.course)),
         "gradescope": ("gradescope", lambda module: module.run(args.chapter, args.root)),

@@ -7,7 +7,8 @@ file already there, so answers survive a ``git pull`` and tracked files are neve
 JupyterLab then runs rooted at that folder with the learner's configuration
 (``lab/learner/``, put ahead of any other Jupyter config folder): nbgrader's instructor tools
 (formgrader, create assignment, the course list, the Validate button) and its assignment list
-(the course has no exchange to fetch from) are turned off.
+(the course has no exchange to fetch from) are turned off. The kernels import the learner's
+own package first, where ``make export`` wrote one (``autograder.export``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import course, workspace
+from . import course, export, workspace
 
 CONFIG_PATH = "JUPYTER_CONFIG_PATH"
 
@@ -40,12 +41,13 @@ def copy_chapters(work: Path) -> list[Path]:
     return copied
 
 
-def learner_environment(environ=None) -> dict:
-    """``environ`` (default: this process's) with the learner's configuration first."""
+def learner_environment(work: Path, environ=None) -> dict:
+    """``environ`` (default: this process's) with the learner's configuration first, and the
+    learner's own package (``make export``) first on the kernels' path."""
     environ = dict(os.environ if environ is None else environ)
     others = environ.get(CONFIG_PATH)
     environ[CONFIG_PATH] = os.pathsep.join([str(learner_config())] + ([others] if others else []))
-    return environ
+    return export.kernel_environment(work, environ)
 
 
 def open_lab(work: Path, jupyter_args: list[str]) -> None:
@@ -53,8 +55,9 @@ def open_lab(work: Path, jupyter_args: list[str]) -> None:
     args = [sys.executable, "-m", "jupyter", "lab", *jupyter_args]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in jupyter_args:
         args.append("--allow-root")  # a container's root (Binder's, a Docker image's)
+    environment = learner_environment(work)
     os.chdir(work)
-    os.execve(sys.executable, args, learner_environment())
+    os.execve(sys.executable, args, environment)
 
 
 def lab(work: Path, jupyter_args: list[str], prepare_only: bool = False) -> None:
@@ -62,6 +65,8 @@ def lab(work: Path, jupyter_args: list[str], prepare_only: bool = False) -> None
     copied = copy_chapters(work)
     if copied:
         print(f"copied {len(copied)} file(s) of the course into {work}/ (files already there are kept)")
+    if export.rebuild(work):  # the exports again, over the package as installed now
+        print(f"your package: {export.overlay_folder(work) / 'minillm'} (make export CHAPTER=NN adds to it)")
     older = [path for path in sorted(work.glob("*/*.ipynb")) if workspace.predates_runtime(path)]
     if older:
         print(f"{len(older)} notebook(s) of {work}/ come from an older release, whose first cell imports "

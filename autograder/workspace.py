@@ -27,7 +27,7 @@ import nbformat
 
 from course_runtime import marks
 
-from . import course
+from . import course, export
 
 BACKUPS = ".backups"
 # Releases before the notebook runtime left the package imported it from minillm.
@@ -162,5 +162,6 @@ def reset(work: Path, target: str, stream=None) -> Path:
         print(f"{slug}: your notebook is saved in {saved}", file=stream)
     notebook.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(course.release_notebook(slug), notebook)
-    print(f"{slug}: reset to the chapter as released", file=stream)
+    export.withdraw(work, slug)
+    print(f"{slug}: reset to the chapter as released (and its answers withdrawn from your package)", file=stream)
     return notebook

@@ -126,12 +126,13 @@ MAKEFILE = """\
 PYTHON ?= python3
 BIN    := .venv/bin
 
-.PHONY: help lab self-check doctor
+.PHONY: help lab self-check export doctor
 
 help:
 \t@echo "make lab         open the course in JupyterLab (your copy lives in work/)"
 \t@echo "make self-check CHAPTER=02  your report on a chapter in work/: its visible checks"
 \t@echo "                 (the hidden checks run when your notebook is graded)"
+\t@echo "make export CHAPTER=02  your working answers of a chapter into your own copy of minillm"
 \t@echo "make doctor      check the environment, one OK/FAIL line per check"
 
 $(BIN)/jupyter: pyproject.toml constraints.txt
@@ -145,6 +146,9 @@ lab: $(BIN)/jupyter
 
 self-check: $(BIN)/jupyter
 \t$(BIN)/python -m autograder check $(CHAPTER) --work work
+
+export: $(BIN)/jupyter
+\t$(BIN)/python -m autograder export $(CHAPTER) --work work
 
 doctor: $(BIN)/jupyter
 \t$(BIN)/python -m minillm.doctor
@@ -162,6 +166,7 @@ def _readme(handed_out: list[str], due: list[str]) -> str:
 ```bash
 make lab                     # creates .venv (once), copies chapters/ into work/, opens JupyterLab
 make self-check CHAPTER=02   # your report on work/02_...: which visible checks pass
+make export CHAPTER=02       # your working answers into your own copy of minillm (work/.minillm/)
 make doctor                  # one OK/FAIL line per check of the environment
 make help                    # these commands
 ```

@@ -33,8 +33,8 @@ def files_of(folder: Path) -> dict[str, str]:
 
 def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
     top = sorted(p.name for p in built.iterdir())
-    assert top == ["Makefile", "README.md", "autograder", "bundle.json", "chapters", "constraints.txt", "data",
-                   "environment.yml", "lab", "minillm", "pyproject.toml"]
+    assert top == ["Makefile", "README.md", "autograder", "bundle.json", "chapters", "constraints.txt",
+                   "course_runtime", "data", "environment.yml", "lab", "minillm", "pyproject.toml"]
     assert json.loads((built / "lab" / "learner" / "jupyter_server_config.json").read_text()) == \
         json.loads((paths.ROOT / "lab" / "learner" / "jupyter_server_config.json").read_text()), "the learner's lab config"
     assert (built / "constraints.txt").read_text() == (paths.ROOT / "constraints.txt").read_text()
@@ -49,8 +49,10 @@ def test_it_holds_the_chapters_handed_out_and_nothing_private(built):
 
 
 def test_due_chapters_are_complete_and_the_others_are_stubs(built):
-    for module in ("history.py", "config.py", "tokenizer.py", "course.py", "data.py"):
+    for module in ("history.py", "config.py", "tokenizer.py", "curves.py", "data.py"):
         assert (built / "minillm" / module).read_text() == (paths.PACKAGE / module).read_text()
+    for module in (paths.ROOT / "course_runtime").glob("*.py"):
+        assert (built / "course_runtime" / module.name).read_text() == module.read_text(), "the notebook runtime ships"
     stub = (built / "minillm" / "embedding.py").read_text()
     exercises = ("one_hot_embed", "embedding_weight_grad", "nearest_neighbours", "pca_project")
     assert f"__learner_exercises__ = {exercises!r}" in stub
@@ -66,8 +68,8 @@ def test_no_solution_line_of_a_chapter_not_due_ships(built):
     show anyway (a hidden test may share an import line with given code)."""
     files = files_of(built)
     text = "\n".join(files.values())
-    # The grader's marks module names the markers it strips (and is the repository's own).
-    assert files.pop("autograder/marks.py") == (paths.ROOT / "autograder" / "marks.py").read_text()
+    # The runtime's marks module names the markers the build strips (and is the repository's own).
+    assert files.pop("course_runtime/marks.py") == (paths.ROOT / "course_runtime" / "marks.py").read_text()
     assert not [name for name, body in files.items() if "BEGIN SOLUTION" in body or "BEGIN HIDDEN TESTS" in body]
     public = "\n".join(paths.release_notebook(slug).read_text() for slug in paths.present_slugs())
     for slug, kinds in [*((slug, ("text", "notes")) for slug in DUE), (NOT_DUE, ("hidden", "text", "notes", "code"))]:
