@@ -121,9 +121,9 @@ def with_answer(module: str, answer: str) -> str:
     return text
 
 
-def rebuild(work: Path) -> Path | None:
-    """Write the overlay anew from the installed package and the record; None (and no overlay)
-    when nothing is exported."""
+def rebuild(work: Path, package: Path | None = None) -> Path | None:
+    """Write the overlay anew from ``package`` (default: the installed ``minillm`` folder) and
+    the record; None (and no overlay) when nothing is exported."""
     import minillm
 
     folder = overlay_folder(work)
@@ -133,7 +133,7 @@ def rebuild(work: Path) -> Path | None:
         shutil.rmtree(target)
     if not any(record.values()):
         return None
-    installed = Path(minillm.__file__).resolve().parent
+    installed = Path(package or Path(minillm.__file__).parent).resolve()
     if installed == target.resolve():
         raise RuntimeError("this process imported the overlay's own minillm: run the export from outside the lab's kernel")
     partial = folder / "minillm.partial"
@@ -151,6 +151,16 @@ def rebuild(work: Path) -> Path | None:
     if bundle.is_file():  # the overlay of a student bundle is still one (course_runtime.in_student_bundle)
         shutil.copyfile(bundle, folder / BUNDLE_MARKER)
     return target
+
+
+def write(work: Path, slug: str, answers: dict[str, dict[str, str]], package: Path | None = None) -> Path | None:
+    """Record ``answers`` (module → grade_id → source) as ``slug``'s exports, in place of its
+    earlier ones, and rebuild the overlay over ``package`` (as :func:`rebuild`); its
+    ``minillm`` folder, or None."""
+    record = _record(work)
+    record[slug] = answers
+    _save(work, record)
+    return rebuild(work, package)
 
 
 def withdraw(work: Path, slug: str) -> None:
@@ -185,7 +195,6 @@ def export(target: str, work: Path | None = None, stream=None) -> dict[str, str]
     chapter = Chapter.from_release(course.release_notebook(slug), slug)
     package = Path(minillm.__file__).resolve().parent
     rebuilt = reconstruct(chapter, path.read_bytes(), path.name)
-    record = _record(work)
     mine: dict[str, dict[str, str]] = {}
     said = {}
     for cell in chapter.answers:
@@ -204,9 +213,7 @@ def export(target: str, work: Path | None = None, stream=None) -> dict[str, str]
             mine.setdefault(module, {})[cell.grade_id] = source
             said[cell.grade_id], why = "exported", f"exported into {module}"
         print(f"{cell.grade_id}: {why}", file=stream)
-    record[slug] = mine
-    _save(work, record)
-    rebuild(work)
+    write(work, slug, mine)
     if any(state == "exported" for state in said.values()):
         print(f"{overlay_folder(work) / 'minillm'} is your package now: restart the notebook's kernel "
               "(Kernel ▸ Restart Kernel) so that it imports it", file=stream)

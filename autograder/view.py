@@ -20,7 +20,7 @@ check still sees the reference of the exercises it calls. The judge keeps the re
 package, so every check still compares against the reference.
 
 Each module of the view lists its stubs in ``__learner_exercises__``, as a student bundle's
-do, so that ``course.keep_going`` puts a working answer in the stub's place.
+do, so that ``course.keep_going`` knows the reference it would fall back on is a stub.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""A student bundle's stubs, and the learner's answers in their place.
+"""A student bundle's stubs, and the references a check gives an answer.
 
 A student bundle (``make student-bundle``) ships the chapters not yet due with their
 exercises as stubs, and lists those names in each module's ``__learner_exercises__``
-(``minillm.markers.LEARNER_EXERCISES``). A working answer takes the stub's place in the
-package (:func:`install_answers`), so the package's own code runs on it.
+(``minillm.markers.LEARNER_EXERCISES``). Nothing here replaces them: a learner's working
+answer becomes the package's own by export (``make export CHAPTER=NN``, ``autograder.export``),
+in the learner's own copy of the package, which the kernel imports once restarted.
 """
 from __future__ import annotations
 
@@ -11,54 +12,36 @@ import sys
 import types
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 from minillm.markers import LEARNER_EXERCISES
 
-_STUBS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the bundle's stub
-_ANSWERS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the learner's answer in use
+_STUBS: dict[tuple[str, str], object] = {}  # (module, exercise) -> the bundle's stub, as first seen
 
 
 def _bundle_stubs() -> Iterator[tuple[str, str, object]]:
-    """(module, exercise, stub) for the exercises that a student bundle left to the learner.
-
-    A student bundle (``make student-bundle``) ships the chapters not yet due with their
-    exercises as stubs, and lists those names in the module's ``__learner_exercises__``.
-    """
+    """(module, exercise, stub) for the exercises that a student bundle left to the learner:
+    the names each imported ``minillm`` module lists in ``__learner_exercises__``."""
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("minillm."):
             for name in getattr(module, LEARNER_EXERCISES, ()):
                 yield module_name, name, _STUBS.setdefault((module_name, name), getattr(module, name))
 
 
-def _bundle_module(reference) -> str | None:
-    """The module whose exercise ``reference`` is, when it is a bundle's stub or the
-    learner's answer already put in its place; else None."""
-    for module_name, name, stub in list(_bundle_stubs()):
-        if reference is stub or reference is _ANSWERS.get((module_name, name)):
+def stub_module(reference) -> str | None:
+    """The module whose exercise ``reference`` is, when it is a bundle's stub; else None."""
+    for module_name, _, stub in list(_bundle_stubs()):
+        if reference is stub:
             return module_name
     return None
 
 
-def install_answers(namespace: Mapping[str, object]) -> list[str]:
-    """Put the learner's definitions in ``namespace`` where a student bundle has stubs.
+def export_hint(module_name: str) -> str:
+    """How the learner makes a working answer the package's own: the chapter's ``make export``."""
+    from minillm.coursemap import CHAPTERS
 
-    Every minillm module that holds the stub (or an earlier answer) gets the learner's
-    function or class, so the package's own code runs on it. Returns the names installed.
-    Does nothing outside a student bundle.
-    """
-    installed = []
-    for module_name, name, stub in list(_bundle_stubs()):
-        answer = namespace.get(name)
-        previous = _ANSWERS.get((module_name, name), stub)
-        if answer is None or answer is stub or answer is previous:
-            continue
-        for other_name, module in list(sys.modules.items()):
-            if other_name.startswith("minillm.") and getattr(module, name, None) in (stub, previous):
-                setattr(module, name, answer)
-        _ANSWERS[(module_name, name)] = answer
-        installed.append(name)
-    return installed
+    number = next((entry.slug[:2] for entry in CHAPTERS if module_name in entry.modules), "NN")
+    return f"make export CHAPTER={number}, then restart the kernel"
 
 
 BUNDLE_MARKER = "bundle.json"  # at the root of a student bundle, beside minillm/

@@ -2,10 +2,11 @@
 
 - ``keep_going``: after an exercise, binds a new name to the learner's function when it
   passes the visible test's checks, else to the package's reference, and says which. In a
-  student bundle, where the reference of a chapter not yet due is a stub, a working answer
-  takes the stub's place in the package.
+  student bundle, where the reference of a chapter not yet due is a stub, it says how a
+  working answer becomes the package's own: by export.
 - ``SkipUnsolved`` and ``report_skipped``: in a student bundle, a cell that needs an
-  unsolved exercise prints one "skipped" line instead of a traceback.
+  unsolved exercise, or a stub of the package not exported over yet, prints one "skipped"
+  line instead of a traceback.
 """
 from __future__ import annotations
 
@@ -14,32 +15,33 @@ import functools
 import textwrap
 from typing import Callable
 
-from .bundle import NeedsAnswer, _bundle_module, in_student_bundle, install_answers
+from .bundle import NeedsAnswer, export_hint, in_student_bundle, stub_module
 from .diagnosis import not_answered, unanswered
 
 _SKIPPED_NAMES: set[str] = set()  # names that cells skipped for an unsolved exercise would have bound
 
-def _after_cell(result=None) -> None:
+
+def _forget_bound_names(result=None) -> None:
+    """After a cell: the names it bound are no longer missing for a skipped cell's sake."""
     from IPython import get_ipython
 
     namespace = get_ipython().user_ns
-    install_answers(namespace)
     _SKIPPED_NAMES.difference_update(name for name in list(_SKIPPED_NAMES) if name in namespace)
 
 
-def watch_learner_answers() -> None:
-    """In a notebook, after every cell, :func:`install_answers` of the notebook's names; in
-    a student bundle also :class:`SkipUnsolved`, so Run All goes on past an unsolved exercise."""
+def skip_unsolved_in_bundles() -> None:
+    """In a student bundle's notebook, :class:`SkipUnsolved`, so Run All goes on past an
+    unsolved exercise. Elsewhere nothing: no hook, no transformer."""
     try:
         from IPython import get_ipython
     except ImportError:
         return
     shell = get_ipython()
-    if shell is None:
+    if shell is None or not in_student_bundle():
         return
-    if _after_cell not in shell.events.callbacks["post_run_cell"]:
-        shell.events.register("post_run_cell", _after_cell)
-    if in_student_bundle() and not any(isinstance(t, SkipUnsolved) for t in shell.ast_transformers):
+    if _forget_bound_names not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _forget_bound_names)
+    if not any(isinstance(t, SkipUnsolved) for t in shell.ast_transformers):
         shell.user_ns[SkipUnsolved.REPORT] = report_skipped
         shell.ast_transformers.append(SkipUnsolved())
 
@@ -59,7 +61,12 @@ def report_skipped(error: Exception, bound: tuple[str, ...] = ()) -> None:
         while frame is not None and frame.tb_next is not None:
             frame = frame.tb_next
         name = frame.tb_frame.f_code.co_name if frame is not None else "answer"
-        print(f"skipped: this cell needs your `{name}`, which is not written yet")
+        module = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+        if module.startswith("minillm."):  # the package's stub: the learner's answer, if any, is not exported yet
+            print(f"skipped: this cell needs your `{name}` in the package, which holds its stub until you "
+                  f"export your answer ({export_hint(module)})")
+        else:
+            print(f"skipped: this cell needs your `{name}`, which is not written yet")
     _SKIPPED_NAMES.update(bound)
 
 
@@ -139,11 +146,11 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
     graded name is never rebound: grading always scores the learner's own function.
 
     In a student bundle the reference of a chapter not yet due is a stub. Then a working
-    ``learner`` also takes the stub's place inside ``minillm`` (so the package's own code
-    runs on it), and a failing one is returned anyway, with a message that says so; the
-    cells that then call it print one "skipped" line instead of a traceback.
+    ``learner`` is returned with a line that says how to export it (the package's own code
+    runs the stub until then), and a failing one is returned anyway, with a message that
+    says so; the cells that then call it print one "skipped" line instead of a traceback.
     """
-    module = _bundle_module(reference)
+    module = stub_module(reference)
     try:
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
@@ -163,8 +170,8 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
         print(f"{name}: using the package's reference ({reason})")
         return reference
     if module:
-        install_answers({reference.__name__: learner})
-        print(f"{name}: using your implementation, also inside {module}")
+        print(f"{name}: using your implementation; the package's own code ({module}) runs it once you "
+              f"export it: {export_hint(module)}")
         return learner
     print(f"{name}: using your implementation")
     return learner

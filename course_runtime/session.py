@@ -18,7 +18,7 @@ import torch
 
 from minillm.checks import positive_int
 
-from .fallback import watch_learner_answers
+from .fallback import skip_unsolved_in_bundles
 
 QUICK = os.environ.get("COURSE_QUICK", "").strip() not in ("", "0")
 
@@ -72,11 +72,11 @@ def best_seconds(run: Callable[[], object], repeats: int) -> float:
 def setup(seed: int = 0) -> torch.device:
     """The first code cell of every chapter: seed, pick the device, say what was chosen.
 
-    In a student bundle it also makes the learner's answers take the place of the
-    package's stubs as soon as their cells run (:func:`install_answers`).
+    In a student bundle it also lets Run All go on past an unsolved exercise
+    (``fallback.skip_unsolved_in_bundles``).
     """
     seed_everything(seed)
-    watch_learner_answers()
+    skip_unsolved_in_bundles()
     device = pick_device()
     mode = "quick mode (COURSE_QUICK=1): experiments shrunk" if QUICK else "full mode"
     print(f"torch {torch.__version__} · device {device} · {mode} · seed {seed}")

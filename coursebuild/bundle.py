@@ -179,10 +179,13 @@ notebook file itself (`work/NN_slug/NN_slug.ipynb`) as your instructor asks.
 {rows}
 
 `minillm` holds the code of the chapters already due. The modules of a chapter that is
-not due yet come from its notebook with the exercises left to you: when your answer passes
-its check, the *keep going* cell after the exercise puts it into the package, and the rest
-of the chapter runs on your code. Until then, each cell that needs it prints one line
-(`skipped: this cell needs your ...`) instead of a traceback, so Run All goes on to the end.
+not due yet come from its notebook with the exercises left to you, as stubs. The notebook's
+own cells use your answers as you write them; the package's own code (a model, a training
+loop) uses them once you export them: `make export CHAPTER=02` writes each answer that
+passes its visible test into your own copy of `minillm` (`work/.minillm/minillm/`), which the
+lab's kernels import first; restart the kernel after it. Until then, each cell that needs
+an answer the package lacks prints one line (`skipped: this cell needs your ...`) instead
+of a traceback, so Run All goes on to the end.
 
 `make self-check` runs your notebook as the grader would, with the visible checks only: it
 needs no solution, and the hidden checks run when your notebook is graded. An exercise you

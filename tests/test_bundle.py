@@ -119,24 +119,64 @@ def with_answers(slug: str):
     return notebook
 
 
+def exported_answers(notebook) -> dict[str, dict[str, str]]:
+    """What ``make export`` writes of ``notebook``'s answer cells (all of them passing):
+    module → grade_id → source."""
+    from course_runtime import marks
+
+    answers: dict[str, dict[str, str]] = {}
+    for cell in notebook.cells:
+        target = marks.export_target(cell.source) if cell.cell_type == "code" else None
+        if target and cell.metadata.get("nbgrader", {}).get("solution"):
+            answers.setdefault(target, {})[cell.metadata["nbgrader"]["grade_id"]] = marks.export_body(cell.source)
+    return answers
+
+
+# The last cell of a chapter run in a bundle: what the learner's code left in the package.
+PLAIN_LIBRARY = """
+import json, sys
+from IPython import get_ipython
+_left = {
+    "replaced": sorted(f"{m}.{a}" for m, attributes in _at_import.items() for a, value in attributes.items()
+                       if getattr(sys.modules[m], a, None) is not value),
+    "from_the_notebook": sorted(f"{m}.{a}" for m, module in list(sys.modules.items()) if m.startswith("minillm.")
+                                for a, value in vars(module).items() if getattr(value, "__module__", "") == "__main__"),
+    "hooks": sorted(getattr(f, "__module__", "?") for f in get_ipython().events.callbacks["post_run_cell"]
+                    if getattr(f, "__module__", "").startswith("minillm")),
+}
+print("PLAIN-LIBRARY " + json.dumps(_left))
+"""
+
+
 @pytest.mark.notebooks
 @pytest.mark.parametrize("slug", paths.present_slugs())
-def test_a_learner_with_right_answers_runs_the_chapter_on_the_bundle(slug, tmp_path, monkeypatch):
-    """Visible tests pass and every cell runs, with only the bundle's minillm importable:
-    the learner's answers take the place of the stubs of the chapter not yet due."""
+def test_a_learner_with_right_answers_runs_the_chapter_on_the_exported_bundle(slug, tmp_path, monkeypatch):
+    """The learner exports right answers (``make export``): visible tests pass and every cell
+    runs with only the bundle's minillm, the learner's own copy of it first; and the package
+    stays a plain library: no attribute of a minillm module is replaced while the chapter
+    runs, none holds a function of the notebook, and the package leaves no IPython hook."""
+    from autograder import export
+
     folder = bundle.build(slug, tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(folder))
     notebook = with_answers(slug)
-    notebook.cells.insert(0, nbformat.v4.new_code_cell("import minillm; print(minillm.__file__)"))
+    work = tmp_path / "work"
+    overlay = export.write(work, slug, exported_answers(notebook), package=folder / "minillm")
+    package = overlay or folder / "minillm"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(export.overlay_folder(work)), str(folder)]))
+    monkeypatch.setenv("MINILLM_DATA", str(folder / "data"))  # as the lab sets it (autograder.export.kernel_environment)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(
+        "import sys\nimport minillm\nprint(minillm.__file__)\n"
+        "_at_import = {m: dict(vars(module)) for m, module in list(sys.modules.items()) if m.startswith('minillm.')}"))
+    notebook.cells.append(nbformat.v4.new_code_cell(PLAIN_LIBRARY))
     execute.execute(notebook, folder / "chapters" / slug, quick=True)
     outputs = "".join(
         output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
     )
-    assert outputs.startswith(str(folder / "minillm")), "the kernel imported another minillm"
+    assert outputs.startswith(str(package)), "the kernel imported another minillm"
     assert "package's reference" not in outputs and "not working yet" not in outputs
-    kept_going = outputs.count("using your implementation, also inside minillm.")
-    exported = sum(len(names) for names in json.loads((folder / "bundle.json").read_text())["exercises"][slug].values())
-    assert kept_going >= min(3, exported), "the keep-going cells should put the learner's answers inside the package"
+    assert "skipped: this cell needs" not in outputs, "an exported answer is the package's own"
+    left = json.loads(outputs.split("PLAIN-LIBRARY ", 1)[1].splitlines()[0])
+    assert left == {"replaced": [], "from_the_notebook": [], "hooks": []}, left
 
 
 @pytest.mark.parametrize("slug", paths.present_slugs())
@@ -191,52 +231,65 @@ def ffn_not_due(tmp_path_factory) -> Path:
         return bundle.build("05", tmp_path_factory.mktemp("dist"), due="04")
 
 
-def test_a_learners_registered_answer_is_what_the_registry_builds(ffn_not_due):
-    """The FFN registry holds forward references, so after install_answers (what a
-    keep-going cell and every notebook cell do in a bundle) build_ffn builds the learner's
-    class, and the package's own SwiGLU rule calls the learner's swiglu_hidden_size."""
-    out = _run_in_bundle(ffn_not_due, """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
-        import course_runtime as course
+LEARNERS_SWIGLU_HIDDEN_SIZE = """\
+def swiglu_hidden_size(d_model, multiple_of=256, ffn_dim_multiplier=None):
+    hidden = int(8 * d_model / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return -(-hidden // multiple_of) * multiple_of
+"""
+
+LEARNERS_SWIGLU = """\
+import torch.nn.functional as F
+from torch import nn
+
+
+class SwiGLU(nn.Module):
+    # the learner's own: gate and value in one fused Linear
+    def __init__(self, d_model, d_ff, bias=False, dropout=0.0):
+        super().__init__()
+        self.d_ff = d_ff
+        self.up = nn.Linear(d_model, 2 * d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def default_d_ff(cls, d_model, **options):
+        return swiglu_hidden_size(d_model, multiple_of=32)
+
+    def forward(self, x):
+        gate, value = self.up(x).chunk(2, dim=-1)
+        return self.dropout(self.down(F.silu(gate) * value))
+"""
+
+
+def test_a_learners_exported_class_is_what_the_registry_builds(ffn_not_due, tmp_path):
+    """The FFN registry holds forward references, so once the learner exports (``make
+    export``) build_ffn builds the learner's class from their own copy of the package, and
+    the package's own SwiGLU rule calls the learner's swiglu_hidden_size."""
+    from autograder import export
+
+    before = _run_in_bundle(ffn_not_due, """
         from minillm import ffn
 
         assert {"SwiGLU", "swiglu_hidden_size"} <= set(ffn.__learner_exercises__)
-        given = type(ffn.build_ffn("swiglu", 8, 16))
         try:
             ffn.default_d_ff("swiglu", 128)
-            raise AssertionError("the stub of swiglu_hidden_size should not work yet")
         except NotImplementedError:
-            pass
+            print("the stub")
+    """)
+    assert before.strip() == "the stub"
+    given = ffn_not_due / "minillm"
+    overlay = export.write(tmp_path / "work", "05_feed_forward", {"minillm/ffn.py": {
+        "swiglu_hidden_size": LEARNERS_SWIGLU_HIDDEN_SIZE, "SwiGLU_module": LEARNERS_SWIGLU}}, package=given)
+    out = _run_in_bundle(overlay.parent, """
+        import torch
+        import torch.nn.functional as F
+        from minillm import ffn
 
-        def swiglu_hidden_size(d_model, multiple_of=256, ffn_dim_multiplier=None):
-            hidden = int(8 * d_model / 3)
-            if ffn_dim_multiplier is not None:
-                hidden = int(ffn_dim_multiplier * hidden)
-            return -(-hidden // multiple_of) * multiple_of
-
-        class SwiGLU(nn.Module):
-            # the learner's own: gate and value in one fused Linear
-            def __init__(self, d_model, d_ff, bias=False, dropout=0.0):
-                super().__init__()
-                self.d_ff = d_ff
-                self.up = nn.Linear(d_model, 2 * d_ff, bias=bias)
-                self.down = nn.Linear(d_ff, d_model, bias=bias)
-                self.dropout = nn.Dropout(dropout)
-
-            @classmethod
-            def default_d_ff(cls, d_model, **options):
-                return swiglu_hidden_size(d_model, multiple_of=32)
-
-            def forward(self, x):
-                gate, value = self.up(x).chunk(2, dim=-1)
-                return self.dropout(self.down(F.silu(gate) * value))
-
-        namespace = {"SwiGLU": SwiGLU, "swiglu_hidden_size": swiglu_hidden_size}
-        assert sorted(course.install_answers(namespace)) == ["SwiGLU", "swiglu_hidden_size"]
+        assert not {"SwiGLU", "swiglu_hidden_size"} & set(ffn.__learner_exercises__)
         module = ffn.build_ffn("swiglu", 8, 16, bias=True)
-        assert type(module) is SwiGLU and type(module) is not given, type(module)
+        assert type(module) is ffn.SwiGLU and hasattr(module, "up"), type(module)
         x = torch.randn(3, 8)
         gate, value = (x @ module.up.weight.T + module.up.bias).chunk(2, dim=-1)
         expected = (F.silu(gate) * value) @ module.down.weight.T + module.down.bias
@@ -244,6 +297,7 @@ def test_a_learners_registered_answer_is_what_the_registry_builds(ffn_not_due):
         print("default_d_ff", ffn.default_d_ff("swiglu", 128))
     """)
     assert out.strip() == "default_d_ff 352"
+    assert (given / "ffn.py").read_text().count("raise NotImplementedError") >= 2, "the bundle's own file is untouched"
 
 
 def test_a_later_chapters_name_names_its_chapter_in_a_bundle(ffn_not_due):
