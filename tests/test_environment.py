@@ -21,7 +21,7 @@ PROJECT = tomllib.loads((paths.ROOT / "pyproject.toml").read_text())["project"]
 ALL_PINS = constraints.read()
 # The pins that apply to the Python running the tests (constraints.txt holds every platform's).
 PINS = {canonicalize_name(r.name): r for r in ALL_PINS if r.marker is None or r.marker.evaluate()}
-LOCAL = {"minillm", "autograder", "coursebuild", "tests", "bench", "conftest"}
+LOCAL = {"minillm", "course_runtime", "autograder", "coursebuild", "tests", "bench", "conftest"}
 
 
 def pinned_version(name: str, pin: Requirement | None = None) -> Version:
@@ -179,7 +179,7 @@ def imported_top_level(tree: ast.Module) -> set[str]:
 
 
 def test_every_package_the_code_and_tests_import_is_declared():
-    files = [p for folder in ("minillm", "autograder", "coursebuild", "tests", "bench", "solutions")
+    files = [p for folder in ("minillm", "course_runtime", "autograder", "coursebuild", "tests", "bench", "solutions")
              for p in (paths.ROOT / folder).rglob("*.py")] + [paths.ROOT / "conftest.py"]
     # A script's sibling (bench/moe.py importing bench/train.py) is local: Python puts a
     # script's own folder first on its path.
