@@ -197,17 +197,19 @@ def export(target: str, work: Path | None = None, stream=None) -> dict[str, str]
     rebuilt = reconstruct(chapter, path.read_bytes(), path.name)
     mine: dict[str, dict[str, str]] = {}
     said = {}
+    installed: dict[str, str] = {}  # module → the installed package's text of it
     for cell in chapter.answers:
         module = marks.export_target(cell.source)
         if not module:
             continue
         source = marks.export_body(rebuilt.answers.get(cell.grade_id) or "")
-        installed = (package / Path(module).name).read_text(encoding="utf-8")
+        if module not in installed:
+            installed[module] = (package / Path(module).name).read_text(encoding="utf-8")
         if check.unanswered(rebuilt, cell.grade_id):
             said[cell.grade_id], why = "unanswered", "not answered yet: the package keeps its own"
         elif not outcome["checks"].get(f"{cell.grade_id}_visible"):
             said[cell.grade_id], why = "failing", "its visible test does not pass yet: the package keeps its own"
-        elif outside := _refusal(source, installed):
+        elif outside := _refusal(source, installed[module]):
             said[cell.grade_id], why = "refused", outside
         else:
             mine.setdefault(module, {})[cell.grade_id] = source

@@ -155,19 +155,13 @@ def keep_going(name: str, learner: Callable, reference: Callable, check: Callabl
         check(learner)
     except Exception as error:  # the learner's code may fail in any way
         reason = textwrap.shorten(f"{type(error).__name__}: {error}", width=100, placeholder=" ...")
-        if unanswered(error):
-            said = not_answered(name, error)
-            if module:
-                print(f"{said}; this installation has no reference for it, so the cells that use it print "
-                      "'skipped' until your answer works")
-                return _waiting_for(name, learner)
-            print(f"{said}; the cells below use the package's reference")
-            return reference
+        said = not_answered(name, error) if unanswered(error) else f"{name}: not working yet ({reason})"
         if module:
-            print(f"{name}: not working yet ({reason}); this installation has no reference "
-                  f"for it, so the cells that use it print 'skipped' until your answer works")
+            print(f"{said}; this installation has no reference for it, so the cells that use it print "
+                  "'skipped' until your answer works")
             return _waiting_for(name, learner)
-        print(f"{name}: using the package's reference ({reason})")
+        print(f"{said}; the cells below use the package's reference" if unanswered(error)
+              else f"{name}: using the package's reference ({reason})")
         return reference
     if module:
         print(f"{name}: using your implementation; the package's own code ({module}) runs it once you "
