@@ -85,7 +85,8 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
         if source and chapter.by_id[grade_id].kind == "answer" and grade_id not in unanalyzable:
             fact = analysis.facts(source)
             names |= fact.binds - fact.imports - {analysis.STAR}
-    execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names))
+    execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names),
+                             answers=rebuilt.exported())
     print(f"{slug}: checking {path}", file=stream)
     checks, written = {}, {}
     exercise = 0

@@ -7,7 +7,6 @@ learner's answers as proxies. Both processes are gone when :func:`execute` retur
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import secrets
@@ -55,22 +54,17 @@ def judge_memory(limits: Limits) -> int:
     return max(limits.memory, 2**31) + 2 * MAX_REPLY
 
 
-def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=(), checks=None,
-               held: frozenset[str] = frozenset()) -> list[dict]:
+def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=(), checks=None) -> list[dict]:
     """The cells the judge runs, with their sources from the master.
 
-    ``checks``: which exercises' tests to run (a set of grade_ids; None: all). ``held``:
-    the exercises this kernel's view stubs as well (:func:`autograder.view.held_groups`).
-    ``early`` marks the leading cells that read none of the learner's names: the judge runs
-    them while the learner's notebook is still running. ``package``: for a test cell, the
-    other exercises' names that the learner's calls from it see bound to the package's
-    versions (:func:`autograder.view.package_names`).
+    ``checks``: which exercises' tests to run (a set of grade_ids; None: all). ``early``
+    marks the leading cells that read none of the learner's names: the judge runs them while
+    the learner's notebook is still running.
     """
-    from . import analysis, view
+    from . import analysis
 
     cells, leading = [], True
     learner = set(names)
-    given = view.package_names(chapter, held)
     for index in chapter.plan_for(None if checks is None else frozenset(checks)):
         cell = chapter.cells[index]
         if visible_only and cell.kind == "hidden":
@@ -78,11 +72,8 @@ def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=(), checks
         source = chapter.plan_source(index)
         fact = analysis.facts(source)
         leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
-        own = set(chapter.answer_names.get(cell.exercise, ())) if cell.is_test else set()
         cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
-                      "hidden": cell.kind == "hidden", "source": source, "early": leading,
-                      "package": {name: module for name, module in given.items() if name not in own}
-                      if cell.is_test else {}})
+                      "hidden": cell.kind == "hidden", "source": source, "early": leading})
     return cells
 
 
@@ -131,14 +122,17 @@ def _kill_judge(judge: tuple[int, str] | None) -> None:
 
 async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
                   visible_only: bool = False, names: list[str] | None = None,
-                  scratch: Path | None = None, settled=()) -> Execution:
+                  scratch: Path | None = None, settled=(), answers: dict[str, str] | None = None) -> Execution:
     """Execute ``notebook`` (the reconstruction's learner view) and judge it.
 
-    An exercise whose solution the learner's kernel needs (a held exercise, see
-    :mod:`autograder.view`) is checked in a kernel of its own group, whose view has it as a
-    stub: so no answer can reach its own reference. The first kernel checks the rest; its
-    outputs and flags are the notebook's. A self-check (``visible_only``) runs the visible
-    tests on the learner's own machine, where the package is theirs anyway: one kernel.
+    ``answers`` (grade_id → the learner's source) are exported into the kernel's view of the
+    package (:mod:`autograder.view`), which holds no solution of the chapter: the notebook's
+    one run, whose outputs and flags are the result's, checks every exercise but the
+    dependent ones. Those are checked in verdict-only kernels, one a group
+    (:func:`autograder.view.checked_apart`): each runs no cell of the chapter, its view holds
+    the references of the exercises the group builds on, and its judge returns verdicts and
+    constant messages only. A self-check (``visible_only``) runs the visible tests on the
+    learner's own machine, where the package is theirs anyway: one kernel.
 
     ``scratch``: the folder for the sandbox and the judge's files (default: the system's).
     ``settled``: exercises whose score is known without their checks (unanswered, or
@@ -147,47 +141,47 @@ async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, 
     from . import view
 
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
-    groups = () if visible_only else view.held_groups(chapter)
+    answers = dict(answers or {})
+    groups = () if visible_only else view.checked_apart(chapter, answers)
     apart = frozenset().union(*groups)
     groups = [group for group in (group - frozenset(settled) for group in groups) if group]
     everything = {c.exercise for c in chapter.tests}
     first = await _execute_once(chapter, notebook, limits, jobs=jobs, seed=seed, visible_only=visible_only,
-                                names=names, scratch=scratch, checks=None if not apart else everything - apart)
-    # A held exercise's test may run in the first kernel too, when a later test needs what it
-    # defines; only its own kernel's verdict counts.
+                                names=names, scratch=scratch, checks=None if not apart else everything - apart,
+                                answers=answers)
+    # A dependent exercise's test may run in the first kernel too, when a later test needs
+    # what it defines; only its verdict-only kernel's verdict counts.
     first.verdicts = {i: v for i, v in first.verdicts.items() if chapter.cells[i].exercise not in apart}
+    exercises = frozenset(c.grade_id for c in chapter.answers)
     for number, group in enumerate(groups, 1):
-        part = await _execute_once(chapter, _up_to_answers(chapter, notebook, group), limits, jobs=jobs, seed=seed,
-                                   names=names, scratch=scratch, checks=group, held=group)
+        part = await _execute_once(chapter, verdict_notebook(chapter), limits, jobs=jobs, seed=seed, names=names,
+                                   scratch=scratch, checks=group, answers={g: answers[g] for g in group if g in answers},
+                                   references=exercises - group, verdict_only=True)
         first.verdicts.update({i: v for i, v in part.verdicts.items() if chapter.cells[i].exercise in group})
         first.flags += part.judge_flags
         first.judge_flags += part.judge_flags
-        first.described.update({n: d for n, d in part.described.items()
-                                if any(n in chapter.answer_names.get(g, ()) for g in group)})
         first.seconds.update({f"{key} {number + 1}": value for key, value in part.seconds.items()})
         first.judge_error = "; ".join(e for e in (first.judge_error, part.judge_error) if e)
     return first
 
 
-def _up_to_answers(chapter: Chapter, notebook, group: frozenset[str]):
-    """``notebook`` for checking ``group`` apart: the chapter's own code cells after the
-    group's last answer are left out (they cannot change an answer: only answer cells are
-    the learner's, and the chapter never rebinds a graded name); every answer cell runs."""
-    last = max(chapter.by_id[grade_id].index for grade_id in group)
-    pruned = copy.deepcopy(notebook)
-    for index, cell in enumerate(pruned.cells):
-        if index > last and cell.cell_type == "code" and chapter.cells[index].kind != "answer":
-            cell.source = ""
-    return pruned
+def verdict_notebook(chapter: Chapter) -> nbformat.NotebookNode:
+    """The notebook of a verdict-only kernel: one cell that binds the exercises' names to
+    its view's modules (:func:`autograder.view.verdict_cell`), and none of the chapter's."""
+    from . import view
+
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(view.verdict_cell(chapter))])
 
 
 async def _execute_once(chapter: Chapter, notebook, limits: Limits, *, jobs: int, seed: int, visible_only: bool = False,
-                        names: list[str] | None, scratch: Path | None, checks=None,
-                        held: frozenset[str] = frozenset()) -> Execution:
-    """One learner kernel and its judge: ``checks`` and ``held`` as :func:`judge_plan` takes them."""
+                        names: list[str] | None, scratch: Path | None, checks=None, answers: dict[str, str],
+                        references: frozenset[str] = frozenset(), verdict_only: bool = False) -> Execution:
+    """One learner kernel and its judge: ``checks`` as :func:`judge_plan` takes it, the view
+    of the package as :func:`autograder.view.write` takes ``answers`` and ``references``;
+    ``verdict_only``: the judge keeps no text of the learner's in its verdicts."""
     started = time.monotonic()
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
-    sandbox.show_package_view(chapter, held)
+    sandbox.show_package_view(chapter, answers, references)
     private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
     os.chmod(private, 0o700)
     claim(private)
@@ -197,7 +191,8 @@ async def _execute_once(chapter: Chapter, notebook, limits: Limits, *, jobs: int
     sandbox.chown(notebook_path)
     learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
-        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names, checks=checks, held=held),
+        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names, checks=checks),
+        "verdict_only": verdict_only,
         "names": learner_names, "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
         "call_timeout": limits.call_timeout, "check_timeout": limits.check_budget, "seed": seed,

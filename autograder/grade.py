@@ -174,7 +174,8 @@ def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None =
         outcome["extra_data"]["flags"] = results.cap_flags(rebuilt.flags)
         return {"results": outcome, "feedback": feedback.render(chapter, None, outcome), "notebook": None}
     execution = execute_sync(chapter, rebuilt.notebook, limits, jobs=jobs, seed=seed,
-                             scratch=Path(scratch) if scratch else None, settled=rebuilt.reasons)
+                             scratch=Path(scratch) if scratch else None, settled=rebuilt.reasons,
+                             answers=rebuilt.exported())
     outcome = results.build(chapter, rebuilt, execution, submission)
     if execution.judge_error:
         outcome["extra_data"]["grader_error"] = execution.judge_error[-4000:]

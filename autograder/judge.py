@@ -134,7 +134,6 @@ class Remote:
         self.call_seconds = 0.0              # spent waiting on the learner's calls, all cells together
         self.in_call = False
         self.cell_label = ""
-        self.package: dict[str, str] = {}    # names the learner's calls see as the package's (the cell's)
         self.kc = None
         self.rep_fd = None
         if self.down is None:
@@ -243,8 +242,6 @@ class Remote:
                 timeout, cut = left, True
         self.calls += 1
         call_id = secrets.token_hex(12)
-        if self.package and what != "describe":
-            fields["package"] = self.package
         data = wire.dumps({"op": what, **fields}, handle_of=_handle_of)
         fd = os.open(call_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.req_fd)
         with os.fdopen(fd, "wb") as stream:
@@ -487,6 +484,24 @@ def hidden_reason(error: BaseException, source: str) -> str:
     return f"{type(error).__name__} while checking what your code returned"
 
 
+def constant_reason(error: BaseException, source: str) -> str:
+    """What the learner sees of a failed check in a verdict-only kernel, which holds the
+    references of the exercises the answer builds on: only texts the grader or the check's
+    source spells out, never one that the learner's code could fill (an exception's type
+    name or message, a frame's code), which could carry a reference back out."""
+    if isinstance(error, CheckTimeout):
+        return "the check ran past its time budget in calls of your code"
+    if isinstance(error, Unavailable):
+        return "the check could not reach your answer"
+    if isinstance(error, NotImplementedError):
+        return "not answered yet"
+    if isinstance(error, StudentError):
+        return "your code raised an exception while checked with the course's versions of the exercises it builds on"
+    if isinstance(error, AssertionError) and str(error) in _constant_strings(source):
+        return str(error)
+    return "a check found a wrong value or a property that does not hold"
+
+
 def _constant_strings(source: str) -> set[str]:
     import ast
 
@@ -542,7 +557,6 @@ def run_cell(shell, plan: dict, position: int, calls, remote: "Remote | None" = 
     if remote is not None:
         remote.deadline = start + budget if budget else None
         remote.cell_label = cell.get("grade_id") or f"cell {cell['index']}"
-        remote.package = cell.get("package") or {}
 
     def alarm(signum, frame):
         if remote is not None and remote.in_call:  # the call's own timeout ends it in time
@@ -579,9 +593,16 @@ def run_cell(shell, plan: dict, position: int, calls, remote: "Remote | None" = 
         else:
             verdict["judge_fault"] = (f"the grader's own code in {cell.get('grade_id') or 'cell ' + str(cell['index'])}"
                                       f" ran past the time budget of {budget:g} s ({waited:.1f} s in your code)")
+    if plan.get("verdict_only"):
+        verdict["stdout"] = verdict["stderr"] = ""
     if error is not None:
         verdict["ename"] = type(error).__name__
-        verdict["evalue"] = (hidden_reason(error, cell["source"]) if cell.get("hidden") else str(error))[:MAX_TEXT]
+        if plan.get("verdict_only"):
+            verdict["evalue"] = constant_reason(error, cell["source"])
+        elif cell.get("hidden"):
+            verdict["evalue"] = hidden_reason(error, cell["source"])[:MAX_TEXT]
+        else:
+            verdict["evalue"] = str(error)[:MAX_TEXT]
         verdict["student"] = isinstance(error, StudentError)
         verdict["unavailable"] = isinstance(error, Unavailable)
     return verdict

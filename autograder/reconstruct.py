@@ -119,6 +119,12 @@ class Reconstruction:
     def answered(self, grade_id: str) -> bool:
         return self.status.get(grade_id) == "answered"
 
+    def exported(self) -> dict[str, str]:
+        """The answers the grader exports into the package its kernels see: those given and
+        not withheld (:mod:`autograder.view`)."""
+        return {grade_id: source for grade_id, source in self.answers.items()
+                if source and self.answered(grade_id) and grade_id not in self.reasons}
+
 
 def _normal(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())

@@ -527,16 +527,25 @@ class Sandbox:
         }
         self._seed_matplotlib_cache()
 
-    def show_package_view(self, chapter, held: frozenset[str] = frozenset()) -> None:
-        """Lay the package as :mod:`autograder.view` builds it for grading ``chapter`` (with
-        the exercises ``held`` stubbed as well) over the real package, so the real files are
-        out of the learner's reach. Without namespaces there is no private root to lay it
-        in (``no-filesystem-isolation``)."""
-        if self.isolation.namespaces:
-            from . import view
+    def show_package_view(self, chapter, answers: dict[str, str], references: frozenset[str] = frozenset()) -> None:
+        """Lay the package as :mod:`autograder.view` builds it for grading ``chapter`` (its
+        ``answers`` exported, its ``references`` shown) over the real package, so the real
+        files are out of the learner's reach. Without namespaces there is no private root to
+        lay it in (``no-filesystem-isolation``): the view then comes first on the kernel's
+        path instead, so that the package's own code still runs the answers it exports. A
+        self-check without namespaces (the learner's own machine) keeps the learner's own
+        package."""
+        from . import view
 
-            package = Path(_package_paths()[0])
-            self.overlays = [(str(view.write(chapter, package, self.base / "view", held)), str(package))]
+        package = Path(_package_paths()[0])
+        if self.isolation.namespaces:
+            self.overlays = [(str(view.write(chapter, package, self.base / "view", answers, references)), str(package))]
+        elif not chapter.release:
+            view.write(chapter, package, self.base / "view", answers, references)
+            self.env["PYTHONPATH"] = os.pathsep.join([str(self.base / "view"), self.env["PYTHONPATH"]])
+            data = _package_paths()[2:]
+            if data:
+                self.env["MINILLM_DATA"] = data[0]
 
     def _seed_matplotlib_cache(self) -> None:
         """Copy the grader's matplotlib font list, so each sandbox need not rebuild it (seconds)."""

@@ -11,7 +11,6 @@ import sys
 import traceback
 
 MAX_MESSAGE = 4000
-MISSING = object()
 MAX_ITEMS_ITERATED = 100_000
 
 
@@ -138,28 +137,7 @@ class Server:
         op = request.get("op")
         if op == "describe":
             return {name: self.describe(name) for name in request["names"]}
-        saved = self.bind_package(request.get("package") or {})
-        try:
-            return self.run(op, self.target(request), request)
-        finally:
-            for name, value in saved.items():
-                if value is MISSING:
-                    self.ns.pop(name, None)
-                else:
-                    self.ns[name] = value
-
-    def bind_package(self, names):
-        """Bind each of ``names`` (name → the package module that holds it) in the notebook
-        to the package's version, for one request: the check of one exercise then runs the
-        package's answer to another, never the learner's. Returns what was bound before."""
-        import importlib
-
-        saved = {}
-        for name, module in names.items():
-            value = getattr(importlib.import_module(module), name)
-            saved[name] = self.ns.get(name, MISSING)
-            self.ns[name] = value
-        return saved
+        return self.run(op, self.target(request), request)
 
     def run(self, op, target, request):
         if op == "call":

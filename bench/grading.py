@@ -4,8 +4,10 @@
 
 Overhead is everything but the learner's own notebook cells: the sandboxed kernel's start,
 the checks that run after the notebook (the judge), the reconstruction, results, feedback
-and the gradebook write. The kernels that check the held exercises apart (autograder.view)
-are reported on their own row: they run the learner's cells again, up to those answers. It is measured on a chapter's solution, graded twice in one
+and the gradebook write. The verdict-only kernels that check the dependent exercises apart
+(autograder.view) are reported on their own row: they run none of the notebook's cells,
+only the import of the package with the answers exported. It is measured on a chapter's
+solution, graded twice in one
 process (the second, warm run is the steady state a batch sees; the first includes the
 grader's own imports). Throughput is measured on the fixture chapter of the test suite
 (tests/grading_fixture.py): a batch of ``--batch`` submissions, half solved, graded with
@@ -101,7 +103,8 @@ def main(argv=None) -> int:
     rows = [
         (f"{args.chapter} solution, total (warm; cold {cold['total']:.1f} s)", f"{warm['total']:.1f} s"),
         ("  learner's notebook cells, in the sandbox", f"{warm['cells']:.1f} s"),
-        (f"  held exercises checked apart ({warm['kernels'] - 1} more kernel{'s' * (warm['kernels'] != 2)})",
+        (f"  dependent exercises checked apart ({warm['kernels'] - 1} verdict-only kernel"
+         f"{'s' * (warm['kernels'] != 2)})",
          f"{warm['apart']:.1f} s"),
         ("  grading overhead (total - cells - apart), target <= 5 s",
          f"{warm['total'] - warm['cells'] - warm['apart']:.1f} s"),

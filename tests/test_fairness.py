@@ -195,21 +195,21 @@ def _builds_on(tree: ast.Module) -> set[str]:
 
 
 def _given_by_the_grader(slug: str, grade_id: str) -> set[str]:
-    """The names that the grader binds to the package's while it checks ``grade_id``
-    (autograder.view.package_names, in the kernel that checks it)."""
+    """The names whose references the grader gives while it checks ``grade_id``: the other
+    exercises it builds on are references in the view of its verdict-only kernel
+    (autograder.view.builds_on)."""
     from autograder import view
     from autograder.chapters import Chapter as Graded
 
     graded = Graded.load(slug)
-    held = next((group for group in view.held_groups(graded) if grade_id in group), frozenset())
-    return set(view.package_names(graded, held))
+    return {name for other in view.builds_on(graded).get(grade_id, ()) for name in graded.answer_names[other]}
 
 
 @CHAPTERS
 def test_an_answer_that_builds_on_others_is_checked_with_their_references(slug):
     """An answer may call another exercise by its plain name (in the notebook, the learner's
     own); its checks give it the other's reference instead: the visible check by its
-    ``builds_on``, the grader by the package's names it binds."""
+    ``builds_on``, the grader by a verdict-only kernel whose package holds the references."""
     chapter = load(slug)
     for grade_id, tree in chapter.answers.items():
         reached = _reached(chapter, tree, grade_id)

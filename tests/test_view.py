@@ -51,65 +51,116 @@ def test_earlier_modules_are_the_package_and_later_ones_are_absent(views, slug):
             assert shown.read_bytes() == path.read_bytes(), path.name
 
 
-@pytest.mark.parametrize("slug", SLUGS)
-def test_stubbed_exercises_raise_and_the_others_are_the_solution(views, slug):
-    chapter, folder = views[slug]
-    stubbed = set(view.stubbed_names(chapter))
-    defined = {}
+def _exercise_names(chapter, grade_ids) -> set[str]:
+    return {n for g in grade_ids for n in chapter.answer_names[g]}
+
+
+def _exported(chapter) -> set[str]:
+    return {c.grade_id for c in chapter.answers if marks.export_target(c.source)}
+
+
+def _shown(chapter, folder: Path) -> tuple[dict[str, ast.AST], set[str]]:
+    """The view's definitions of the chapter's modules, and the names they list as the learner's."""
+    defined, listed = {}, set()
     for module in chapter.reference_modules:
-        defined.update(_definitions(folder / (module.rsplit(".", 1)[1] + ".py")))
-        real = _definitions(PACKAGE / (module.rsplit(".", 1)[1] + ".py"))
-        for name, node in _definitions(folder / (module.rsplit(".", 1)[1] + ".py")).items():
-            if name not in stubbed:
-                assert ast.dump(node) == ast.dump(real[name]), f"{module}.{name} differs from the package's"
-    for name in stubbed:
-        assert _raises_not_implemented(defined[name]), f"{name} is not a stub in the view of {slug}"
+        path = folder / (module.rsplit(".", 1)[1] + ".py")
+        defined.update(_definitions(path))
+        listed |= set(ast.literal_eval(path.read_text(encoding="utf-8").rsplit("__learner_exercises__ = ", 1)[1]))
+    return defined, listed
 
 
-def test_an_exercise_the_chapters_code_calls_keeps_its_solution():
-    # Chapter 04's MultiHeadAttention calls softmax (through the attention function);
-    # kv_cache_bytes is called by nothing the chapter gives.
-    attention = chapters.load("04_attention")
-    assert "kv_cache_bytes" in view.stubbed_names(attention)
-    assert "softmax" not in view.stubbed_names(attention)
-    # Chapter 12 gives lora_targets to lora_parameter_count's answer cell.
-    assert "lora_targets" not in view.stubbed_names(chapters.load("12_lora"))
+def _package_definitions(chapter) -> dict[str, ast.AST]:
+    real = {}
+    for module in chapter.reference_modules:
+        real.update(_definitions(PACKAGE / (module.rsplit(".", 1)[1] + ".py")))
+    return real
 
 
 @pytest.mark.parametrize("slug", SLUGS)
-def test_held_exercises_are_checked_in_groups_that_stub_them(slug, tmp_path):
-    """Each exercise the view keeps is in exactly one group; that group's view stubs it and
-    lists it in ``__learner_exercises__``, and keeps the other groups' solutions."""
+def test_without_answers_every_exercise_is_a_stub_and_the_given_code_the_packages(views, slug):
+    """The view holds no solution of the chapter graded: each exercise is the release's stub."""
+    chapter, folder = views[slug]
+    defined, listed = _shown(chapter, folder)
+    stubbed = _exercise_names(chapter, _exported(chapter))
+    real = _package_definitions(chapter)
+    for name, node in defined.items():
+        if name not in stubbed:
+            assert ast.dump(node) == ast.dump(real[name]), f"{name} differs from the package's"
+    for grade_id in _exported(chapter):
+        assert any(_raises_not_implemented(defined[n]) for n in chapter.answer_names[grade_id]), \
+            f"{grade_id} is not a stub in the view of {slug}"
+    assert listed == stubbed
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_the_submissions_answers_are_exported_into_the_view(slug, tmp_path):
+    """With the solution's answers given, the view's modules define them as the package does,
+    and still list them as the learner's (they are not the course's reference)."""
     chapter = chapters.load(slug)
-    groups = view.held_groups(chapter)
-    exported = {c.grade_id for c in chapter.answers if marks.export_target(c.source)}
-    base = set(view.stubbed_names(chapter))
-    held = [g for group in groups for g in group]
-    assert len(held) == len(set(held)), "an exercise is in two groups"
-    held_names = {n for g in held for n in chapter.answer_names[g]}
-    assert not held_names & base and set(held) <= exported
-    assert held_names | base == {n for g in exported for n in chapter.answer_names[g]}
-    for number, group in enumerate(groups):
-        names = {n for g in group for n in chapter.answer_names[g]}
-        assert set(view.stubbed_names(chapter, group)) == base | names
-        assert not names & set(view.package_names(chapter, group))
-        folder = view.write(chapter, PACKAGE, tmp_path / str(number), group)
-        listed = set()
-        for module in chapter.reference_modules:
-            text = (folder / (module.rsplit(".", 1)[1] + ".py")).read_text(encoding="utf-8")
-            listed |= set(ast.literal_eval(text.rsplit("__learner_exercises__ = ", 1)[1]))
-        assert listed == base | names
+    answers = {c.grade_id: c.source for c in chapter.answers}
+    folder = view.write(chapter, PACKAGE, tmp_path / "view", answers)
+    defined, listed = _shown(chapter, folder)
+    real = _package_definitions(chapter)
+    for name in _exercise_names(chapter, _exported(chapter)):
+        assert ast.dump(defined[name]) == ast.dump(real[name]), name
+    assert listed == _exercise_names(chapter, _exported(chapter))
 
 
-def test_an_exercise_is_never_held_with_one_its_solution_calls():
-    # The attention exercise calls softmax; the tiled forward pass calls its tile helpers.
-    def together(slug, a, b):
-        return any({a, b} <= group for group in view.held_groups(chapters.load(slug)))
+def test_an_answer_a_module_cannot_hold_leaves_the_stub():
+    attention = chapters.load("04_attention")
+    solution = attention.by_id["softmax"].source
+    body = marks.export_body(solution)  # a learner who deleted the export line
+    assert view.exportable(attention, "softmax", solution) == view.exportable(attention, "softmax", body) == body
+    assert view.exportable(attention, "softmax", "%time\n" + body) is None        # a magic: not Python
+    assert view.exportable(attention, "softmax", "def soft_max(x):\n    return x") is None  # not its name
+    assert view.exportable(attention, "softmax", "") is None
 
-    assert not together("04_attention", "scaled_dot_product_attention", "softmax")
-    assert not together("10_flash_attention", "tiled_attention_forward", "tile_update")
-    assert not together("10_flash_attention", "tiled_attention_forward", "tile_visibility")
-    assert together("04_attention", "softmax", "split_heads")  # so a chapter needs few extra kernels
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_a_verdict_only_view_shows_the_references_of_all_but_its_group(slug, tmp_path):
+    chapter = chapters.load(slug)
+    real = _package_definitions(chapter)
+    for number, group in enumerate(view.dependent_groups(chapter)):
+        others = frozenset(c.grade_id for c in chapter.answers) - group
+        folder = view.write(chapter, PACKAGE, tmp_path / str(number), {}, others)
+        defined, listed = _shown(chapter, folder)
+        assert listed == _exercise_names(chapter, group)
+        for name in _exercise_names(chapter, _exported(chapter) - group):
+            assert ast.dump(defined[name]) == ast.dump(real[name]), name
+        for grade_id in group:
+            assert any(_raises_not_implemented(defined[n]) for n in chapter.answer_names[grade_id]), grade_id
+
+
+def test_the_dependent_exercises_and_their_groups():
+    # Each of these solutions calls another exercise of its chapter.
+    def builds_on(slug):
+        return {g: set(calls) for g, calls in view.builds_on(chapters.load(slug)).items()}
+
+    assert builds_on("01_tokenization") == {"train_step": {"count_pairs", "merge_pair"}, "encode_word": {"merge_pair"}}
+    assert builds_on("03_positional_encoding") == {"alibi_bias": {"alibi_slopes"}}
+    assert builds_on("04_attention") == {"scaled_dot_product_attention": {"softmax"}}
+    assert builds_on("10_flash_attention") == {"tiled_attention_forward": {"tile_update", "tile_visibility"}}
+    # Through the given code of its module: the parameter count builds the model's blocks.
+    assert builds_on("00_history") == {"count_parameters": {"attention_parameters", "ffn_parameters"}}
+    assert builds_on("12_lora") == {"lora_parameter_count": {"lora_update", "merge_weight"}}
+    assert builds_on("05_feed_forward") == {}
+    for slug in SLUGS:
+        chapter = chapters.load(slug)
+        calls = view.builds_on(chapter)
+        groups = view.dependent_groups(chapter)
+        assert sorted(g for group in groups for g in group) == sorted(calls)
+        for group in groups:
+            assert not any(calls[g] & group for g in group), (slug, group)
+    assert len(view.dependent_groups(chapters.load("01_tokenization"))) == 1
+
+
+def test_an_answer_that_needs_a_scratch_cell_is_checked_in_the_notebooks_kernel():
+    positional = chapters.load("03_positional_encoding")
+    solution = positional.by_id["alibi_bias"].source
+    assert view.checked_apart(positional, {"alibi_bias": solution}) == (frozenset({"alibi_bias"}),)
+    helped = solution.rstrip() + "\n\nSLOPE_SCALE = my_scratch_helper(1)\n"  # defined by no export cell
+    assert view.checked_apart(positional, {"alibi_bias": helped}) == ()
+    assert view.checked_apart(positional, {}) == ()   # not answered: its stub needs no kernel
 
 
 def test_every_view_imports(views, tmp_path):
@@ -137,6 +188,6 @@ def test_every_view_imports(views, tmp_path):
 def test_the_fixture_chapter_gets_its_module_from_the_release(tmp_path):
     chapter = chapters.Chapter.from_master(fx.write_master(tmp_path / "master"), fx.SLUG)
     folder = view.write(chapter, PACKAGE, tmp_path / "view")
-    functions = _definitions(folder / "fixture_ref.py")
-    assert view.stubbed_names(chapter) == ["scale"]  # count_weights is not exported
+    functions, listed = _shown(chapter, folder)
+    assert listed == {"scale"}  # count_weights is not exported
     assert _raises_not_implemented(functions["scale"])
