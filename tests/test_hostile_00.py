@@ -42,8 +42,8 @@ def _grade(root):
                              "count_parameters": "import importlib\n"
                                                  "def count_parameters(config):\n"
                                                  "    return getattr(importlib.import_module('minillm.con' + 'fig'), 'count_' + 'parameters')(config)\n",
-                             # Held exercises: the chapter's own code needs their solutions, so
-                             # their checks run in a kernel of their own, where they are stubs.
+                             # Exercises that count_parameters builds on: the kernel's package
+                             # holds the learner's own answers to them, never their solutions.
                              "attention_parameters": "import importlib\n"
                                                      "def attention_parameters(config):\n"
                                                      "    module = importlib.import_module('minillm.con' + 'fig')\n"
@@ -84,9 +84,9 @@ def test_the_reference_earns_nothing_and_is_flagged(graded):
     assert all("reference" in t["output"] for t in outcome["tests"] if t["score"] == 0)
 
 
-def test_the_reference_hidden_from_the_scan_finds_only_stubs(graded):
-    """With namespaces the kernel sees the package view: the graded chapter's isolated
-    exercises are stubs there, and later chapters are absent."""
+def test_the_reference_hidden_from_the_scan_finds_only_the_learners_code(graded):
+    """With namespaces the kernel sees the package view: the graded chapter's exercises are
+    the learner's own answers there (or stubs), and later chapters are absent."""
     if not isolation().namespaces:
         pytest.skip("without namespaces the grader cannot lay the package view over the package")
     outcome = graded["hidden_reference"]

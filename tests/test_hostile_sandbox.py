@@ -117,6 +117,9 @@ def kinds(found):
         if not callable(thing):
             named.append('file')
             continue
+        if getattr(thing, '__code__', None) is not None and thing.__code__.co_code == scale.__code__.co_code:
+            named.append('own')  # this very answer, exported into the package view
+            continue
         try:
             thing(1.0, 2.0)
             named.append('reference')
@@ -257,10 +260,10 @@ def test_detecting_the_grader_gains_nothing(graded):
     printed = learner_outputs(graded, "gloo_detect")
     tells = json.loads(re.search(r"^TELLS (\[.*\])$", printed, re.M).group(1).replace("'", '"'))
     assert "uid" in tells, tells  # the answer can tell it is graded: that is not what protects
-    # The hunt, run in the notebook, finds at most the package view's stub: no file of the
-    # solution, and no function that computes the answer.
+    # The hunt, run in the notebook, finds at most the package view's stub or this answer's
+    # own export: no file of the solution, and no function that computes the answer.
     found = re.search(r"^FOUND IN NOTEBOOK (\[.*\])$", printed, re.M)
-    assert found and set(json.loads(found.group(1).replace("'", '"'))) <= {"stub"}, printed[-2000:]
+    assert found and set(json.loads(found.group(1).replace("'", '"'))) <= {"stub", "own"}, printed[-2000:]
 
 
 # --------------------------------------------------------------------- without a kernel
