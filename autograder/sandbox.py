@@ -537,13 +537,12 @@ class Sandbox:
         package."""
         from . import view
 
-        package = Path(_package_paths()[0])
+        package, _, *data = _package_paths()
         if self.isolation.namespaces:
-            self.overlays = [(str(view.write(chapter, package, self.base / "view", answers, references)), str(package))]
+            self.overlays = [(str(view.write(chapter, Path(package), self.base / "view", answers, references)), package)]
         elif not chapter.release:
-            view.write(chapter, package, self.base / "view", answers, references)
+            view.write(chapter, Path(package), self.base / "view", answers, references)
             self.env["PYTHONPATH"] = os.pathsep.join([str(self.base / "view"), self.env["PYTHONPATH"]])
-            data = _package_paths()[2:]
             if data:
                 self.env["MINILLM_DATA"] = data[0]
 

@@ -166,12 +166,19 @@ def exportable(chapter, grade_id: str, answer: str | None) -> str | None:
     return body
 
 
+@functools.cache
+def _solution_modules(chapter) -> dict[str, str]:
+    """The chapter's modules with every exercise as its solution: what an answer's names are
+    looked up in. Computed once a chapter, for all its submissions."""
+    return chapter_modules(chapter, {}, frozenset(c.grade_id for c in _exported_answers(chapter)))
+
+
 def checked_apart(chapter, answers: Mapping[str, str]) -> tuple[frozenset[str], ...]:
     """:func:`dependent_groups` without the exercises whose answer only the notebook can run
     (not exportable, or reading a name that no export cell of its module defines, a helper of
     a scratch cell): those are checked in the notebook's kernel, against the learner's own
     answers to what they build on."""
-    solved = chapter_modules(chapter, {}, frozenset(c.grade_id for c in _exported_answers(chapter)))
+    solved = _solution_modules(chapter)
     kept = []
     for group in dependent_groups(chapter):
         runnable = set()
@@ -208,6 +215,7 @@ def chapter_modules(chapter, answers: Mapping[str, str], references: frozenset[s
             for target, parts in bodies.items()}
 
 
+@functools.cache
 def verdict_cell(chapter) -> str:
     """The one cell a verdict-only kernel runs: the import statements of the chapter's given
     cells, then every top-level name of its view's modules bound in the notebook's namespace
@@ -222,7 +230,7 @@ def verdict_cell(chapter) -> str:
                 continue
             imports += [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
                         and getattr(node, "module", "") != "__future__"]
-    modules = [module[:-3].replace("/", ".") for module in chapter_modules(chapter, {})]
+    modules = list(chapter.reference_modules)
     return ("import importlib\n"
             f"for _statement in {list(dict.fromkeys(imports))!r}:\n"
             "    try:\n"
