@@ -163,7 +163,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {error}")
         return 0
 
-    from .sandbox import Limits, isolation
+    from .isolation import isolation
+    from .sandbox import Limits
 
     said = isolation().statement(own_work=args.command == "check")
     if said:

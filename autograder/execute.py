@@ -23,7 +23,8 @@ import nbformat
 
 from .chapters import Chapter
 from .kernel import StudentKernel
-from .sandbox import Limits, Sandbox, claim, die_with_parent, start_time
+from .processes import claim, start_time
+from .sandbox import Limits, Sandbox, die_with_parent
 
 # Variables of the grader's own environment that the judge keeps (the judge runs trusted
 # code, but it has no need of anything else either).
@@ -49,7 +50,7 @@ class Execution:
 def judge_memory(limits: Limits) -> int:
     """Address space the judge may map beyond what it has when it starts: room for the
     checks and for the data of the learner's replies, never unbounded."""
-    from .judge import MAX_REPLY
+    from .remote import MAX_REPLY
 
     return max(limits.memory, 2**31) + 2 * MAX_REPLY
 

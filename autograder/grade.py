@@ -293,7 +293,7 @@ def grade_files(paths, out: Path, chapter: str | None = None, *, jobs: int = 1, 
     planned = plan(paths, chapter, master, exclude=[out, course_dir, scratch])
     batch = planned.jobs
     out.mkdir(parents=True, exist_ok=True)
-    from .sandbox import sweep_stale
+    from .processes import sweep_stale
 
     sweep_stale(Path(scratch) if scratch else None)
     gradebook = None

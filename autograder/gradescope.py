@@ -15,7 +15,8 @@ from pathlib import Path
 
 from . import course
 from .grade import grade_files
-from .sandbox import Limits, isolation
+from .isolation import isolation
+from .sandbox import Limits
 
 
 def submitted_notebook(folder: Path, slug: str) -> tuple[Path | None, str]:

@@ -26,7 +26,8 @@ from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from .sandbox import Limits, Sandbox, die_with_parent, load_note
+from .cpu import load_note
+from .sandbox import Limits, Sandbox, die_with_parent
 
 # One message from the learner's kernel is refused past this (or a few times the output
 # limit): zmq drops the connection, and the rest of that notebook's output is lost.

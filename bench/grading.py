@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.batch < 2:
         parser.error("argument --batch: must be at least 2")
-    from autograder.sandbox import baseline_virtual_bytes, isolation
+    from autograder.isolation import baseline_virtual_bytes, isolation
 
     os.environ.setdefault("COURSE_QUICK", "1")
     scratch = Path(tempfile.mkdtemp(prefix="bench-grading-"))

@@ -255,7 +255,7 @@ def test_every_failed_check_has_a_summary_without_values():
 
 
 def test_a_hidden_check_shows_a_constant_assert_message_but_not_a_formatted_one():
-    from autograder.judge import hidden_reason, student_exception
+    from autograder.failures import hidden_reason, student_exception
 
     source = "assert ok, 'rows must sum to 1'\nassert got == want, f'expected {want}, got {got}'"
     assert hidden_reason(AssertionError("rows must sum to 1"), source) == "rows must sum to 1"

@@ -1,7 +1,7 @@
 """A hidden check's failure message reaches the learner only when it is a constant.
 
 For a failed hidden ``assert``, the judge shows its message only if the check's source spells
-it out as a string literal (``autograder.judge.hidden_reason``); a formatted message could quote
+it out as a string literal (``autograder.failures.hidden_reason``); a formatted message could quote
 the hidden inputs or the expected values, so it is replaced by a generic reason. The course's
 helpers put their ``name`` (``expect_close``, ``expect_equal``) or ``what`` (``expect_raises``)
 into the value-free summary a learner sees, so those must not be formatted from values either.

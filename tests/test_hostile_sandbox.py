@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from autograder import sandbox as sandbox_module
+from autograder import cpu, processes
 from autograder.chapters import Chapter
 from autograder.grade import grade_files
-from autograder.sandbox import Limits, Sandbox, isolation
+from autograder.isolation import isolation
+from autograder.sandbox import Limits, Sandbox
 
 from . import grading_fixture as fx
-from .test_hostile import RIGHT_COUNT, RIGHT_SCALE, flags, learner_outputs
+from .test_hostile import flags, learner_outputs
 
 pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="hostile-sandbox")]
 
@@ -325,7 +326,7 @@ def test_sandbox_user_ids_are_dedicated_and_checked_unused(tmp_path, monkeypatch
     needs_namespaces()
     import pwd
 
-    low, high = sandbox_module.UID_RANGE
+    low, high = processes.UID_RANGE
     assert low > 2_000_200_000 and high < 2**31, "the range must clear directory services' id mapping"
     box = Sandbox(SMALL, parent=tmp_path)
     try:
@@ -337,18 +338,18 @@ def test_sandbox_user_ids_are_dedicated_and_checked_unused(tmp_path, monkeypatch
     # An id that a running process owns is never drawn; nor one this grader already uses.
     stranger = subprocess.Popen(["sleep", "60"], user=low, group=low)
     try:
-        monkeypatch.setattr(sandbox_module, "UID_RANGE", (low, low + 2))
-        assert sandbox_module.draw_uid() == low + 1
+        monkeypatch.setattr(processes, "UID_RANGE", (low, low + 2))
+        assert processes.draw_uid() == low + 1
         with pytest.raises(RuntimeError, match="no unused user id"):
-            sandbox_module.draw_uid()
+            processes.draw_uid()
     finally:
-        sandbox_module._uids_in_use.discard(low + 1)
+        processes.release_uid(low + 1)
         stranger.kill()
         stranger.wait()
     # An id with a passwd entry (root's) is never drawn.
-    monkeypatch.setattr(sandbox_module, "UID_RANGE", (0, 1))
+    monkeypatch.setattr(processes, "UID_RANGE", (0, 1))
     with pytest.raises(RuntimeError):
-        sandbox_module.draw_uid()
+        processes.draw_uid()
 
 
 def _in_sandbox(box: Sandbox, source: str) -> subprocess.Popen:
@@ -365,7 +366,7 @@ def test_each_sandbox_of_a_batch_gets_its_own_cgroup_of_equal_cpu_weight(tmp_pat
     boxes = [Sandbox(SMALL, jobs=2, parent=tmp_path) for _ in range(2)]
     running = []
     try:
-        share = sandbox_module.cpu_share()
+        share = cpu.cpu_share()
         if share.kind == "none":
             assert all(any(f["kind"] == "no-cpu-share" for f in box.flags) for box in boxes)
             pytest.skip(f"no usable cgroup here: {share.reason}")
@@ -402,7 +403,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
         time.sleep(0.3)
         start = box.cpu_sample()
         time.sleep(1.0)
-        note, loaded = sandbox_module.load_note(start, box.cpu_sample())
+        note, loaded = cpu.load_note(start, box.cpu_sample())
         assert loaded and note.startswith("limit fired under load: the kernel got"), note
         assert re.search(r"got \d+% of a core", note), note
     finally:
@@ -418,7 +419,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
         _wait_for(box.work / "started")
         start = box.cpu_sample()
         time.sleep(0.5)
-        note, loaded = sandbox_module.load_note(start, box.cpu_sample())
+        note, loaded = cpu.load_note(start, box.cpu_sample())
         assert not loaded and "waiting on something" in note, note
     finally:
         sleeper.kill()

@@ -16,7 +16,8 @@ import pytest
 
 from autograder import chapters
 from autograder.grade import grade_files
-from autograder.sandbox import Limits, isolation
+from autograder.isolation import isolation
+from autograder.sandbox import Limits
 
 from . import grading_fixture as fx
 
