@@ -59,9 +59,8 @@ def resolve_target(target: str, work: Path | None = None) -> Path:
 
 def report(target: str, limits: Limits | None = None, stream=None, work: Path | None = None) -> dict:
     """Check a notebook; print the report to ``stream``; the per-check outcome."""
-    from . import analysis, results
+    from . import analysis, plan, run, score
     from .chapters import Chapter, chapter_of
-    from .execute import execute_sync
     from .reconstruct import SubmissionError, reconstruct
 
     stream = stream or sys.stdout
@@ -85,8 +84,9 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
         if source and chapter.by_id[grade_id].kind == "answer" and grade_id not in unanalyzable:
             fact = analysis.facts(source)
             names |= fact.binds - fact.imports - {analysis.STAR}
-    execution = execute_sync(chapter, rebuilt.notebook, limits, visible_only=True, names=sorted(names),
-                             answers=rebuilt.exported())
+    planned = plan.for_submission(plan.for_chapter(chapter), rebuilt.notebook, rebuilt.exported(), names=names,
+                                  visible_only=True)
+    execution = run.execute_sync(planned, limits)
     print(f"{slug}: checking {path}", file=stream)
     checks, written = {}, {}
     exercise = 0
@@ -109,7 +109,7 @@ def report(target: str, limits: Limits | None = None, stream=None, work: Path | 
             elif unanswered(rebuilt, cell.exercise):
                 print(f"  ✗ {cell.grade_id}: not answered yet", file=stream)
             elif not withheld:
-                why = results.reason(verdict, execution) if verdict else execution.reason or "not run"
+                why = score.reason(verdict, execution) if verdict else execution.reason or "not run"
                 if why == f"{cell.exercise}: not answered yet":  # the check's NotAnswered names the exercise
                     why = "not answered yet"
                 print(f"  ✗ {cell.grade_id}: {why}", file=stream)
@@ -188,7 +188,7 @@ def _cached(folder: Path, slug: str, key: str) -> dict | None:
 
 
 def _remember(folder: Path, slug: str, key: str, outcome: dict) -> None:
-    from .results import write_atomic
+    from .report import write_atomic
 
     try:
         write_atomic(folder / CACHE / f"{slug}.json", json.dumps({"key": key, "outcome": outcome}) + "\n")

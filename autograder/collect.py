@@ -25,6 +25,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .chapters import chapter_of
+from .course import present_slugs
+
 STUDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 CHECKPOINTS = ".ipynb_checkpoints"
 MAX_DEPTH = 8          # folders deeper than this below a folder given are flagged, not searched
@@ -165,3 +168,65 @@ def duplicates(found: list[Found]) -> tuple[list[Found], list[Flagged]]:
         kept.append(Found("", "duplicate", student, slug, reason))
         flagged += [Flagged(path, "duplicate-submission", reason) for path in files]
     return kept, flagged
+
+
+@dataclass(frozen=True)
+class ChapterRef:
+    """The chapter a submission is graded against: a chapter of the course by its slug, or,
+    with ``master``, any master notebook (a fixture, a course of one's own) under that slug."""
+
+    slug: str
+    master: Path | None = None  # absolute path of the master notebook; None: the course's own
+
+
+@dataclass(frozen=True)
+class Job:
+    path: str        # absolute path of the submission ("" for a duplicate: no one file)
+    name: str        # its results folder under OUT/submissions/, unique in the batch
+    chapter: ChapterRef
+    student: str     # the gradebook's student id
+    layout: str = "single"  # how the file was found: nbgrader, flat, single (or duplicate)
+    problem: str = ""       # why the file is not read (a link, a duplicate, ...): it scores 0 with this
+
+
+@dataclass
+class Collected:
+    """What a batch grades (one job per student and chapter) and what it flags instead."""
+
+    jobs: list[Job]
+    flagged: list[Flagged]
+
+
+def _slugs(chapter: str | None, master: Path | None) -> list[str]:
+    if master is not None:
+        return [chapter or Path(master).stem]
+    if chapter is not None:
+        return [chapter_of(Path("."), chapter)]
+    return present_slugs()
+
+
+def batch(paths, chapter: str | None = None, master: Path | None = None, exclude=()) -> Collected:
+    """The jobs of a batch: ``paths`` are notebooks (the single-file layout) and folders
+    (searched for the two folder layouts, see :mod:`autograder.collect`). ``exclude``:
+    folders inside them not to search (the grader's own output). A notebook named here
+    whose chapter cannot be told is refused (``ValueError``); anything in a folder that is
+    not a submission is flagged, never graded."""
+    slugs = _slugs(chapter, master)
+    found, flagged = [], []
+    for item in paths:
+        path = Path(item)
+        if path.is_dir():
+            inside, odd = in_folder(path, slugs, exclude)
+            found += inside
+            flagged += odd
+        else:
+            slug = slugs[0] if (master is not None or chapter is not None) else chapter_of(path)
+            found.append(single_file(path, slug))
+    unique = {}
+    for entry in found:  # the same file named twice is one submission
+        unique.setdefault(entry.path, entry)
+    kept, doubled = duplicates(list(unique.values()))
+    master_path = Path(master).resolve() if master is not None else None
+    jobs = [Job(entry.path, f"{entry.student}__{entry.slug}", ChapterRef(entry.slug, master_path), entry.student,
+                entry.layout, entry.problem) for entry in kept]
+    return Collected(jobs, flagged + doubled)

@@ -14,7 +14,8 @@ import csv
 import json
 from pathlib import Path
 
-from . import feedback, results
+from . import feedback, report
+from .score import MAX_MESSAGE
 from .gradebook import CourseGradebook
 
 SUBMISSIONS = "submissions"
@@ -47,7 +48,7 @@ def final_results(graded: dict, scores: dict[str, float | None], comments: dict[
     slug = final["extra_data"].get("chapter", "")
     final["output"] = (f"{slug}: {final['score']:g} / {final['max_score']:g} points"
                        + (f"; {waiting} written answer(s) not graded yet" if waiting else ", final")
-                       )[:results.MAX_MESSAGE]
+                       )[:MAX_MESSAGE]
     return final
 
 
@@ -66,9 +67,9 @@ def refresh(out: Path, course: Path | None = None, stream=None) -> list[Path]:
             folder = out / SUBMISSIONS / row["submission"]
             graded = json.loads((folder / "results.json").read_text(encoding="utf-8"))
             final = final_results(graded, *gradebook.marks(row["chapter"], row["student"]))
-            results.write(folder / "results.json", final)
+            report.write_results(folder / "results.json", final)
             page = folder / "feedback.html"
-            results.write_atomic(page, feedback.with_summary(page.read_text(encoding="utf-8"), final))
+            report.write_atomic(page, feedback.with_summary(page.read_text(encoding="utf-8"), final))
             print(f"{row['submission']}: {final['output']}", file=stream)
             written.append(folder)
     return written

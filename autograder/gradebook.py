@@ -102,7 +102,7 @@ class CourseGradebook:
 
     def record(self, chapter, student: str, results: dict, notebook, timestamp: float | None = None) -> None:
         """Write one submission's scores (by grade_id) and its graded notebook."""
-        from .results import write_atomic
+        from .report import write_atomic
 
         self.ensure_assignment(chapter)
         target = self.root / "autograded" / student / chapter.slug / f"{chapter.slug}.ipynb"

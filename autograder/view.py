@@ -173,14 +173,14 @@ def _solution_modules(chapter) -> dict[str, str]:
     return chapter_modules(chapter, {}, frozenset(c.grade_id for c in _exported_answers(chapter)))
 
 
-def checked_apart(chapter, answers: Mapping[str, str]) -> tuple[frozenset[str], ...]:
-    """:func:`dependent_groups` without the exercises whose answer only the notebook can run
-    (not exportable, or reading a name that no export cell of its module defines, a helper of
-    a scratch cell): those are checked in the notebook's kernel, against the learner's own
-    answers to what they build on."""
+def checked_apart(chapter, groups, answers: Mapping[str, str]) -> tuple[frozenset[str], ...]:
+    """``groups`` (the chapter's :func:`dependent_groups`) without the exercises whose answer
+    only the notebook can run (not exportable, or reading a name that no export cell of its
+    module defines, a helper of a scratch cell): those are checked in the notebook's kernel,
+    against the learner's own answers to what they build on."""
     solved = _solution_modules(chapter)
     kept = []
-    for group in dependent_groups(chapter):
+    for group in groups:
         runnable = set()
         for grade_id in group:
             body = exportable(chapter, grade_id, answers.get(grade_id))

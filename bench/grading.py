@@ -31,7 +31,8 @@ def overhead(slug: str, workdir: Path) -> list[dict]:
     """Grade ``slug``'s solution twice; the timings of each run."""
     from autograder.chapters import Chapter
     from autograder.gradebook import CourseGradebook
-    from autograder.grade import write_graded, grade_submission, plan
+    from autograder.collect import batch
+    from autograder.grade import grade_submission, write_graded
     from autograder.sandbox import Limits
 
     from tests import grading_fixture as fx
@@ -42,7 +43,7 @@ def overhead(slug: str, workdir: Path) -> list[dict]:
     course = CourseGradebook(workdir / "out" / "nbgrader")
     course.ensure_assignment(chapter)
     runs = []
-    for job in plan([workdir / "subs"]).jobs:
+    for job in batch([workdir / "subs"]).jobs:
         start = time.perf_counter()
         graded = grade_submission(job, Limits(), jobs=1)
         graded_at = time.perf_counter()

@@ -256,7 +256,7 @@ def test_a_folder_nbgrader_collect_filled_keeps_its_submission_time(tmp_path, fi
     (as for ``nbgrader autograde``), kept as it is; elsewhere the grader writes the file."""
     from nbgrader.apps import NbGraderAPI
 
-    from autograder import results
+    from autograder import score
     from autograder.gradebook import CourseGradebook
     from coursebuild.release import course_config
 
@@ -267,7 +267,7 @@ def test_a_folder_nbgrader_collect_filled_keeps_its_submission_time(tmp_path, fi
     stamp = "2026-01-02 03:04:05.000006 UTC"
     (collected / "timestamp.txt").write_text(stamp)
     book = CourseGradebook(course)
-    outcome = results.unreadable(chapter, "not graded in this test")
+    outcome = score.unreadable(chapter, "not graded in this test")
     book.record(chapter, "carol", outcome, None, timestamp=time.time())
     book.record(chapter, "dave", outcome, None, timestamp=1_700_000_000.25)
     assert (collected / "timestamp.txt").read_text() == stamp, "collect's file is left as it is"

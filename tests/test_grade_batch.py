@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autograder.chapters import Chapter
-from autograder.grade import ChapterRef, plan
+from autograder.collect import ChapterRef, batch
 
 from . import grading_fixture as fx
 
@@ -39,20 +39,20 @@ def test_the_three_layouts_name_the_student_and_nothing_else_does(tmp_path, fixt
     fx.write(fx.submission(chapter), course / "source" / slug / f"{slug}.ipynb")   # a course directory's own
     flat = fx.write(fx.submission(chapter), tmp_path / "flat" / f"bob__{slug}.ipynb")
     single = fx.write(fx.submission(chapter), tmp_path / "anything.ipynb")
-    planned = plan([course, tmp_path / "flat", single], master=master)
+    planned = batch([course, tmp_path / "flat", single], master=master)
     assert [(j.student, j.layout, j.path, j.name) for j in planned.jobs] == [
         ("alice", "nbgrader", str(alice), f"alice__{slug}"), ("bob", "flat", str(flat), f"bob__{slug}"),
         ("anything", "single", str(single), f"anything__{slug}")]
     assert planned.flagged == [], "a course directory is read through its submitted/ folder"
-    assert plan([course / "submitted"], master=master).jobs == planned.jobs[:1]
-    assert plan([course, tmp_path / "flat", single], master=master) == planned, "plans are stable"
+    assert batch([course / "submitted"], master=master).jobs == planned.jobs[:1]
+    assert batch([course, tmp_path / "flat", single], master=master) == planned, "plans are stable"
 
 
 def test_same_named_files_are_one_student_twice_and_neither_is_graded(tmp_path, fixture_chapter):
     master, chapter = fixture_chapter
     a = fx.write(fx.submission(chapter), tmp_path / "a" / f"carol__{fx.SLUG}.ipynb")
     b = fx.write(fx.submission(chapter), tmp_path / "b" / f"carol__{fx.SLUG}.ipynb")
-    planned = plan([a, b, a], master=master)
+    planned = batch([a, b, a], master=master)
     [job] = planned.jobs
     assert (job.student, job.path, job.layout) == ("carol", "", "duplicate")
     assert str(a) in job.problem and str(b) in job.problem
@@ -73,7 +73,7 @@ def test_only_the_layouts_are_graded_and_the_rest_is_flagged(tmp_path, fixture_c
     fx.write(fx.submission(chapter), folder / "alice" / slug / ".ipynb_checkpoints" / f"{slug}-checkpoint.ipynb")
     fx.write(fx.submission(chapter), folder / "bad id" / slug / f"{slug}.ipynb")
     fx.write(b"not a notebook", folder / "alice" / slug / "summary.csv")
-    planned = plan([folder], master=master)
+    planned = batch([folder], master=master)
     assert [job.path for job in planned.jobs] == [str(good)]
     kinds = {Path(f.path).relative_to(folder).as_posix(): f.kind for f in planned.flagged}
     assert kinds == {**{s.relative_to(folder).as_posix(): "stray-notebook" for s in strays},
@@ -92,7 +92,7 @@ def test_links_and_special_files_are_never_read(tmp_path, fixture_chapter):
     (folder / "dan" / slug).mkdir(parents=True)
     os.mkfifo(folder / "dan" / slug / f"{slug}.ipynb")
     (folder / "bob" / slug / "dangling.ipynb").symlink_to(tmp_path / "nowhere.ipynb")
-    planned = plan([folder], master=master)
+    planned = batch([folder], master=master)
     jobs = {job.student: job for job in planned.jobs}
     assert set(jobs) == {"alice", "bob", "dan"}
     assert not jobs["bob"].problem
@@ -105,8 +105,8 @@ def test_the_chapter_comes_from_the_file_name_never_the_metadata(tmp_path):
     data = fx.submission(Chapter.load("00_history"))
     data["metadata"]["chapter"] = "01_tokenization"
     path = fx.write(data, tmp_path / "00_history.ipynb")
-    assert plan([path]).jobs[0].chapter == ChapterRef("00_history")
-    assert plan([path], chapter="01").jobs[0].chapter == ChapterRef("01_tokenization")
+    assert batch([path]).jobs[0].chapter == ChapterRef("00_history")
+    assert batch([path], chapter="01").jobs[0].chapter == ChapterRef("01_tokenization")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -220,7 +220,7 @@ def test_check_reports_each_exercise_with_the_visible_checks_only(tmp_path):
 def test_a_single_file_named_as_the_flat_layout_tells_its_student_and_chapter(tmp_path):
     path = tmp_path / "alice__00_history.ipynb"
     path.write_text("{}")
-    [job] = plan([path]).jobs
+    [job] = batch([path]).jobs
     assert (job.student, job.chapter.slug, job.layout) == ("alice", "00_history", "single")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from course_runtime import marks
 from autograder.chapters import Chapter
-from autograder.results import failure_message
+from autograder.score import failure_message
 from coursebuild import manifest, paths
 
 from .conftest import SLUGS, graded

@@ -417,11 +417,11 @@ def test_source_analysis_is_bounded_and_never_the_graders_failure(chapter, case)
 
 
 def test_any_failure_to_read_a_submission_is_its_own_zero_not_a_grader_error(chapter, tmp_path, monkeypatch):
-    from autograder import grade, reconstruct
+    from autograder import collect, grade, reconstruct
     from autograder.sandbox import Limits
 
     path = fx.write(fx.submission(chapter, solved=True), tmp_path / f"alice__{fx.SLUG}.ipynb")
-    [job] = grade.plan([path], master=Path(chapter.origin)).jobs
+    [job] = collect.batch([path], master=Path(chapter.origin)).jobs
 
     def broken(*args, **kwargs):
         raise KeyError("a part of the notebook the reader did not expect")
@@ -443,7 +443,7 @@ def test_written_answers_in_the_graded_notebook_render_as_plain_text(chapter, fe
 
     from autograder.gradebook import instructor_notebook
     from autograder.reconstruct import reconstruct
-    from autograder.results import unreadable
+    from autograder.score import unreadable
 
     answer = f"{MARKUP[0]}\n{fence}\n{MARKUP[1]}\n{fence}\n</pre></div>{MARKUP[0]}\n{fence}{fence}\n{MARKUP[1]}"
     data = fx.submission(chapter, {"why_bias": answer})

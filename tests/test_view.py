@@ -156,11 +156,12 @@ def test_the_dependent_exercises_and_their_groups():
 
 def test_an_answer_that_needs_a_scratch_cell_is_checked_in_the_notebooks_kernel():
     positional = chapters.load("03_positional_encoding")
+    groups = view.dependent_groups(positional)
     solution = positional.by_id["alibi_bias"].source
-    assert view.checked_apart(positional, {"alibi_bias": solution}) == (frozenset({"alibi_bias"}),)
+    assert view.checked_apart(positional, groups, {"alibi_bias": solution}) == (frozenset({"alibi_bias"}),)
     helped = solution.rstrip() + "\n\nSLOPE_SCALE = my_scratch_helper(1)\n"  # defined by no export cell
-    assert view.checked_apart(positional, {"alibi_bias": helped}) == ()
-    assert view.checked_apart(positional, {}) == ()   # not answered: its stub needs no kernel
+    assert view.checked_apart(positional, groups, {"alibi_bias": helped}) == ()
+    assert view.checked_apart(positional, groups, {}) == ()   # not answered: its stub needs no kernel
 
 
 def test_every_view_imports(views, tmp_path):

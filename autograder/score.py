@@ -1,4 +1,4 @@
-"""Gradescope-shaped results: a score per check, a reason for every lost point, and flags.
+"""The score stage: Gradescope-shaped results, a score per check, a reason for every lost point, and flags.
 
 The shape (``results.json``)::
 
@@ -16,11 +16,6 @@ Flags are kept to :data:`MAX_FLAGS_PER_KIND` of each kind, then one flag says ho
 more there were, so no submission can make its results large.
 """
 from __future__ import annotations
-
-import json
-import os
-import tempfile
-from pathlib import Path
 
 MAX_MESSAGE = 2000
 # The exceptions of an exercise not answered yet: its stub's, and the checks' own
@@ -158,24 +153,3 @@ def unreadable(chapter, reason: str, submission: dict | None = None, *, kind: st
     manual = [{"name": c.grade_id, "max_score": c.points, "answered": False} for c in chapter.written]
     return assemble(chapter, tests, manual, [{"kind": kind, "detail": reason}], None, submission,
                     output=f"{chapter.slug}: 0 / {chapter.autograded_points:g}: {reason}", grader_error=grader_error)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write(path: Path, results: dict) -> None:
-    write_atomic(path, json.dumps(results, indent=2) + "\n")

@@ -1,8 +1,10 @@
-"""Run one reconstructed notebook: the learner's cells in the sandbox, the checks in the judge.
+"""The run stage: a submission's planned kernels, the learner's cells in a sandbox and the
+checks in a judge beside each.
 
-The judge process starts first and imports what the checks need while the learner's kernel
-starts and runs the notebook; then the judge runs the planned cells of the master with the
-learner's answers as proxies. Both processes are gone when :func:`execute` returns.
+For each kernel of the plan (:mod:`autograder.plan`) the judge process starts first and
+imports what the checks need while the learner's kernel starts and runs its notebook; then
+the judge runs the planned cells of the master with the learner's answers as proxies. Both
+processes are gone when :func:`execute` returns.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import nbformat
 
 from .chapters import Chapter
 from .kernel import StudentKernel
+from .plan import KernelPlan, RunPlan
 from .processes import claim, start_time
 from .sandbox import Limits, Sandbox, die_with_parent
 
@@ -53,29 +56,6 @@ def judge_memory(limits: Limits) -> int:
     from .remote import MAX_REPLY
 
     return max(limits.memory, 2**31) + 2 * MAX_REPLY
-
-
-def judge_plan(chapter: Chapter, *, visible_only: bool = False, names=(), checks=None) -> list[dict]:
-    """The cells the judge runs, with their sources from the master.
-
-    ``checks``: which exercises' tests to run (a set of grade_ids; None: all). ``early``
-    marks the leading cells that read none of the learner's names: the judge runs them while
-    the learner's notebook is still running.
-    """
-    from . import analysis
-
-    cells, leading = [], True
-    learner = set(names)
-    for index in chapter.plan_for(None if checks is None else frozenset(checks)):
-        cell = chapter.cells[index]
-        if visible_only and cell.kind == "hidden":
-            continue
-        source = chapter.plan_source(index)
-        fact = analysis.facts(source)
-        leading = leading and not cell.is_test and fact.parsed and not (fact.reads & learner)
-        cells.append({"index": index, "grade_id": cell.grade_id, "test": cell.is_test,
-                      "hidden": cell.kind == "hidden", "source": source, "early": leading})
-    return cells
 
 
 class Zygote:
@@ -121,68 +101,39 @@ def _kill_judge(judge: tuple[int, str] | None) -> None:
             pass
 
 
-async def execute(chapter: Chapter, notebook, limits: Limits, *, jobs: int = 1, seed: int | None = None,
-                  visible_only: bool = False, names: list[str] | None = None,
-                  scratch: Path | None = None, settled=(), answers: dict[str, str] | None = None) -> Execution:
-    """Execute ``notebook`` (the reconstruction's learner view) and judge it.
+async def execute(planned: RunPlan, limits: Limits, *, jobs: int = 1, seed: int | None = None,
+                  scratch: Path | None = None) -> Execution:
+    """Carry out ``planned`` (:mod:`autograder.plan`): its kernels in turn, each verdict
+    taken from the kernel that counts it. The notebook's own run is the result's (its
+    outputs, flags and reason); the verdict-only kernels add their verdicts, their judges'
+    flags, and their times.
 
-    ``answers`` (grade_id → the learner's source) are exported into the kernel's view of the
-    package (:mod:`autograder.view`), which holds no solution of the chapter: the notebook's
-    one run, whose outputs and flags are the result's, checks every exercise but the
-    dependent ones. Those are checked in verdict-only kernels, one a group
-    (:func:`autograder.view.checked_apart`): each runs no cell of the chapter, its view holds
-    the references of the exercises the group builds on, and its judge returns verdicts and
-    constant messages only. A self-check (``visible_only``) runs the visible tests on the
-    learner's own machine, where the package is theirs anyway: one kernel.
-
-    ``scratch``: the folder for the sandbox and the judge's files (default: the system's).
-    ``settled``: exercises whose score is known without their checks (unanswered, or
-    withheld): no kernel is started to check them apart.
+    ``scratch``: the folder for the sandboxes and the judges' files (default: the system's).
     """
-    from . import view
-
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
-    answers = dict(answers or {})
-    groups = () if visible_only else view.checked_apart(chapter, answers)
-    apart = frozenset().union(*groups)
-    groups = [group for group in (group - frozenset(settled) for group in groups) if group]
-    everything = {c.exercise for c in chapter.tests}
-    first = await _execute_once(chapter, notebook, limits, jobs=jobs, seed=seed, visible_only=visible_only,
-                                names=names, scratch=scratch, checks=None if not apart else everything - apart,
-                                answers=answers)
-    # A dependent exercise's test may run in the first kernel too, when a later test needs
-    # what it defines; only its verdict-only kernel's verdict counts.
-    first.verdicts = {i: v for i, v in first.verdicts.items() if chapter.cells[i].exercise not in apart}
-    exercises = frozenset(c.grade_id for c in chapter.answers)
-    for number, group in enumerate(groups, 1):
-        part = await _execute_once(chapter, verdict_notebook(chapter), limits, jobs=jobs, seed=seed, names=names,
-                                   scratch=scratch, checks=group, answers={g: answers[g] for g in group if g in answers},
-                                   references=exercises - group, verdict_only=True)
-        first.verdicts.update({i: v for i, v in part.verdicts.items() if chapter.cells[i].exercise in group})
-        first.flags += part.judge_flags
-        first.judge_flags += part.judge_flags
-        first.seconds.update({f"{key} {number + 1}": value for key, value in part.seconds.items()})
-        first.judge_error = "; ".join(e for e in (first.judge_error, part.judge_error) if e)
-    return first
+    chapter = planned.chapter
+    merged = None
+    for number, kernel in enumerate(planned.kernels, 1):
+        part = await _execute_once(chapter, kernel, limits, jobs=jobs, seed=seed, scratch=scratch)
+        counted = {i: v for i, v in part.verdicts.items() if kernel.counts_verdict_of(chapter.cells[i].exercise)}
+        if merged is None:
+            merged, part.verdicts = part, counted
+            continue
+        merged.verdicts.update(counted)
+        merged.flags += part.judge_flags
+        merged.judge_flags += part.judge_flags
+        merged.seconds.update({f"{key} {number}": value for key, value in part.seconds.items()})
+        merged.judge_error = "; ".join(e for e in (merged.judge_error, part.judge_error) if e)
+    return merged
 
 
-def verdict_notebook(chapter: Chapter) -> nbformat.NotebookNode:
-    """The notebook of a verdict-only kernel: one cell that binds the exercises' names to
-    its view's modules (:func:`autograder.view.verdict_cell`), and none of the chapter's."""
-    from . import view
-
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(view.verdict_cell(chapter))])
-
-
-async def _execute_once(chapter: Chapter, notebook, limits: Limits, *, jobs: int, seed: int, visible_only: bool = False,
-                        names: list[str] | None, scratch: Path | None, checks=None, answers: dict[str, str],
-                        references: frozenset[str] = frozenset(), verdict_only: bool = False) -> Execution:
-    """One learner kernel and its judge: ``checks`` as :func:`judge_plan` takes it, the view
-    of the package as :func:`autograder.view.write` takes ``answers`` and ``references``;
-    ``verdict_only``: the judge keeps no text of the learner's in its verdicts."""
+async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limits, *, jobs: int, seed: int,
+                        scratch: Path | None) -> Execution:
+    """One learner kernel and its judge, as ``kernel_plan`` says."""
     started = time.monotonic()
+    notebook = kernel_plan.notebook
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
-    sandbox.show_package_view(chapter, answers, references)
+    sandbox.show_package_view(chapter, dict(kernel_plan.answers), kernel_plan.references)
     private = Path(tempfile.mkdtemp(prefix="mj-", dir=scratch))
     os.chmod(private, 0o700)
     claim(private)
@@ -190,11 +141,10 @@ async def _execute_once(chapter: Chapter, notebook, limits: Limits, *, jobs: int
     notebook_path = sandbox.work / f"{chapter.slug}.ipynb"
     nbformat.write(notebook, notebook_path)
     sandbox.chown(notebook_path)
-    learner_names = sorted(set(chapter.proxied_names) | set(names or []))
     plan = {
-        "cells": judge_plan(chapter, visible_only=visible_only, names=learner_names, checks=checks),
-        "verdict_only": verdict_only,
-        "names": learner_names, "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
+        "cells": list(kernel_plan.judge_cells),
+        "verdict_only": kernel_plan.verdict_only,
+        "names": list(kernel_plan.names), "uid": sandbox.uid, "pidns_file": str(sandbox.base / "pidns"),
         "req_dir": str(sandbox.req), "rep_dir": str(sandbox.rep),
         "call_timeout": limits.call_timeout, "check_timeout": limits.check_budget, "seed": seed,
         "memory": judge_memory(limits), "out": str(private / "verdicts.json"),
