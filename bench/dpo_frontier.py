@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from minillm import data, dpo
+from minillm import curves, data, dpo
 from minillm.recipe import load_pretrained
 from minillm.train import TrainConfig, nats_per_char, train
 
@@ -116,10 +116,10 @@ def _order(run_: dict) -> tuple:
 
 
 def plot(document: dict, path: Path) -> None:
-    """The chapter's figure of the sweep (``minillm.dpo.plot_frontier``), written to ``path``."""
+    """The chapter's figure of the sweep (``minillm.curves.plot_frontier``), written to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
-    dpo.plot_frontier(document).savefig(path, dpi=110)
+    curves.plot_frontier(document).savefig(path, dpi=110)
 
 
 def merge(parts: list[str], out: str) -> None:

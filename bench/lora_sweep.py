@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from minillm import data, lora
+from minillm import data, lora, tasks
 from minillm.generate import generate
 from minillm.recipe import load_pretrained
 from minillm.train import BatchSampler, TrainConfig, TrainState, save_model, token_nll, train
@@ -50,15 +50,15 @@ def task_data(tokenizer, settings: dict) -> dict:
     """The token ids and texts every run uses: training stream, held-out texts, prompts, vocabulary."""
     train_text, val_text = data.split_corpus(data.corpus_text())
     n = settings["held_out_chars"]
-    held_out, shakespeare = lora.pig_latin(val_text[:n]), val_text[n: 2 * n]
+    held_out, shakespeare = tasks.pig_latin(val_text[:n]), val_text[n: 2 * n]
     stream = tokenizer.encode(held_out)
     gap = len(stream) // settings["prompts"]
     prompts = [stream[i * gap: i * gap + settings["prompt_tokens"]] for i in range(settings["prompts"])]
-    return {"train": torch.tensor(tokenizer.encode(lora.pig_latin(train_text[: settings["train_chars"]]))),
+    return {"train": torch.tensor(tokenizer.encode(tasks.pig_latin(train_text[: settings["train_chars"]]))),
             "held_out": (torch.tensor(tokenizer.encode(held_out)), len(held_out)),
             "shakespeare": (torch.tensor(tokenizer.encode(shakespeare)), len(shakespeare)),
             "prompts": torch.tensor(prompts),
-            "vocabulary": set(lora.words(train_text))}
+            "vocabulary": set(tasks.words(train_text))}
 
 
 def nats_per_char(model, stream: tuple[torch.Tensor, int]) -> float:
@@ -73,7 +73,7 @@ def task_score(model, tokenizer, task: dict, settings: dict) -> float:
     out = generate(model, prompts, settings["new_tokens"], temperature=settings["temperature"], use_cache=True,
                    generator=torch.Generator().manual_seed(settings["seed"]))
     texts = [tokenizer.decode(row[prompts.shape[1]:].tolist()) for row in out]
-    return lora.pig_latin_score("\n".join(texts), task["vocabulary"])
+    return tasks.pig_latin_score("\n".join(texts), task["vocabulary"])
 
 
 def measure(model, tokenizer, task: dict, settings: dict) -> dict:

@@ -2,6 +2,7 @@
 
 - ``smooth``: an exponential moving average of a curve.
 - ``plot_history``: the loss curves of a training history (``minillm.train.TrainState.history``).
+- ``plot_frontier``: chapter 13's figure of a DPO sweep (``bench/dpo_frontier.py``).
 """
 from __future__ import annotations
 
@@ -40,4 +41,37 @@ def plot_history(history: Mapping, title: str = "Training the mini-LLM"):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_frontier(document: dict):
+    """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
+    attribute rate against its KL to the reference at every evaluation; on the right the
+    policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
+    smoothed (``smooth``). Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    for run in document["runs"]:
+        sft = run["method"] == "sft"
+        label = "SFT on the chosen" if sft else f"DPO β = {run['beta']:g}"
+        style = dict(color="black", linestyle="--") if sft else {}
+        left.plot([p["kl"] for p in run["points"]], [100 * p["attribute_rate"] for p in run["points"]],
+                  marker="s" if sft else "o", label=label, **style)
+        steps = range(1, len(run["history"]["chosen_logp"]) + 1)
+        line, = right.plot(steps, smooth(run["history"]["chosen_logp"]), label=f"{label}: chosen", **style)
+        if not sft:
+            right.plot(steps, smooth(run["history"]["rejected_logp"]), color=line.get_color(), linestyle=":",
+                       label=f"{label}: rejected")
+    base = document["runs"][0]["points"][0]
+    left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
+    left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target: 30%")
+    left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL of 5 nats")
+    left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
+             ylabel="held-out responses that speak of love (%)",
+             title=f"Attribute against drift (a point every {document['settings']['eval_every']} steps)")
+    left.legend(fontsize=7)
+    right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
+              title="The policy's log-probabilities of the training pairs")
+    right.legend(fontsize=6, ncol=2)
     return fig

@@ -231,15 +231,7 @@ def test_kl_estimate_values_and_errors():
         dpo.kl_estimate(torch.zeros(3), torch.zeros(2))
 
 
-# the task and the pairs
-
-
-def test_uses_target():
-    assert dpo.uses_target("My Love's a rose") and dpo.uses_target("LOVING thee")
-    assert not dpo.uses_target("a glove, beloved") and not dpo.uses_target("")
-    assert dpo.uses_target("the king", target={"king"})
-    with pytest.raises(TypeError, match="text"):
-        dpo.uses_target(None)
+# the pairs
 
 
 def test_preference_pairs_rank_the_samples_of_one_prompt():
@@ -393,17 +385,3 @@ def test_train_state_resumes_a_dpo_run_exactly(tmp_path):
     resumed = train(resumed_model, dpo.PairBatches(pairs, 8), config, loss_fn=objective, state=state, progress=False)
     assert resumed.history["train_loss"] == whole.history["train_loss"]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), resumed_model.state_dict().values()))
-
-
-def test_plot_frontier_draws_every_run():
-    import matplotlib
-    matplotlib.use("Agg")
-    point = {"kl": 1.0, "attribute_rate": 0.2}
-    document = {"settings": {"eval_every": 5}, "runs": [
-        {"method": "dpo", "beta": 0.1, "points": [{**point, "kl": 0.0}, point],
-         "history": {"chosen_logp": [-3.0, -2.0], "rejected_logp": [-3.0, -4.0]}},
-        {"method": "sft", "beta": 0.3, "points": [point], "history": {"chosen_logp": [-3.0, -1.0]}}]}
-    fig = dpo.plot_frontier(document)
-    left, right = fig.axes
-    assert len(right.get_lines()) == 3  # DPO's chosen and rejected, SFT's chosen
-    assert [line.get_label() for line in left.get_lines()][:2] == ["DPO β = 0.1", "SFT on the chosen"]

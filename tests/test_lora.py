@@ -297,19 +297,3 @@ def test_dropout_touches_the_update_only():
     torch.testing.assert_close(layer(x), base(x) + lora.lora_update(x, layer.lora_A, layer.lora_B, 2.0))
 
 
-def test_pig_latin():
-    assert lora.pig_latin("But, soft! what light through yonder window breaks?") == \
-        "Utbay, oftsay! atwhay ightlay oughthray onderyay indowway eaksbray?"
-    assert lora.pig_latin("ROMEO: I am thy art; hmm") == "OMEORAY: Iway amway ythay artway; hmmay"
-    assert lora.pig_latin("thou'rt\n") == "outhay'rtay\n"
-    with pytest.raises(ValueError, match="word"):
-        lora.pig_latin_word("don't")
-
-
-def test_pig_latin_score():
-    text = "Now is the winter of our discontent\nMade glorious summer by this sun of York"
-    vocabulary = set(lora.words(text))
-    assert lora.pig_latin_score(lora.pig_latin(text), vocabulary) == 1.0
-    assert lora.pig_latin_score(text, vocabulary) == 0.0
-    assert lora.pig_latin_score("owNay isway eth", vocabulary) == pytest.approx(2 / 3)
-    assert lora.pig_latin_score("!!", vocabulary) == 0.0

@@ -54,7 +54,7 @@ QUICK = course.QUICK
 
 # %%
 #| export minillm/lora.py
-"""Low-rank adapters (LoRA) for ``minillm``'s models, and the chapter's fine-tuning task (chapter 12).
+"""Low-rank adapters (LoRA) for ``minillm``'s models (chapter 12); the fine-tuning task is in ``minillm.tasks``.
 
 - ``lora_update(x, lora_A, lora_B, alpha)``: the adapter's output, (alpha / r) x A^T B^T.
 - ``LoRALinear(base, r, alpha, dropout=0.0)``: a frozen ``nn.Linear`` plus a trainable
@@ -66,8 +66,6 @@ QUICK = course.QUICK
   ``k``, ``v`` (same function, same logits), so that LoRA can target them one by one.
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
-- ``pig_latin(text)`` and ``pig_latin_score(text, vocabulary)``: the fine-tuning task, a dialect
-  made by rules, and the share of words a text gets right in it.
 
 Weight decay: ``minillm.train.param_groups`` decays every trainable matrix, so the adapters'
 A and B decay and the frozen base is left out. Decay pulls B A towards 0, that is, the
@@ -76,7 +74,6 @@ adapted model towards its base (full fine-tuning's decay pulls the weights towar
 import dataclasses
 import hashlib
 import math
-import re
 
 import torch
 from torch import nn
@@ -871,53 +868,9 @@ def load_lora(path, model: GPT) -> GPT:
 # that are the pig latin of a real word (one of the words of the training text).
 
 # %%
-#| export minillm/lora.py
-_WORD = re.compile(r"[A-Za-z]+")
-
-
-def words(text: str) -> list[str]:
-    """The words of ``text``, lower-cased: its runs of ASCII letters (an apostrophe splits a word)."""
-    return [word.lower() for word in _WORD.findall(text)]
-
-
-def pig_latin_word(word: str) -> str:
-    """One word (ASCII letters) in pig latin: a word that starts with a vowel gets "way"
-    ("art" → "artway"); otherwise its leading consonants move to the end, followed by "ay"
-    ("thou" → "outhay"; a word without a, e, i, o, u treats y as its vowel: "thy" → "ythay").
-    A capitalized word stays capitalized, an upper-case one (of two letters or more) upper-case."""
-    if not _WORD.fullmatch(word):
-        raise ValueError(f"word must be a run of ASCII letters, got {word!r}")
-    lower = word.lower()
-    if lower[0] in "aeiou":
-        out = lower + "way"
-    else:
-        onset = next((i for i, letter in enumerate(lower) if letter in "aeiou"), None)
-        if onset is None:
-            y = lower.find("y", 1)
-            onset = y if y > 0 else len(lower)
-        out = lower[onset:] + lower[:onset] + "ay"
-    if word.isupper() and len(word) > 1:
-        return out.upper()
-    return out.capitalize() if word[0].isupper() else out
-
-
-def pig_latin(text: str) -> str:
-    """``text`` with every word (run of ASCII letters) in pig latin (``pig_latin_word``), the rest as it was."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return _WORD.sub(lambda match: pig_latin_word(match.group(0)), text)
-
-
-def pig_latin_score(text: str, vocabulary) -> float:
-    """The share of the words of ``text`` that are the pig latin of a word in ``vocabulary``.
-
-    vocabulary: lower-case plain words (for example ``set(words(training_text))``). A text
-    without words scores 0. Computed by code, with no model: the task score of the chapter's
-    fine-tune, 1 for a perfect pig latin text of known words.
-    """
-    targets = {pig_latin_word(word) for word in vocabulary}
-    found = words(text)
-    return sum(word in targets for word in found) / len(found) if found else 0.0
+# The rules above, as code, live in `minillm/tasks.py` with chapter 13's task: they are
+# the chapter's data, not its subject.
+from minillm.tasks import pig_latin, pig_latin_score, words
 
 # %% [markdown]
 # The shipped model on the task, before any fine-tuning: its loss in nats per character on
@@ -929,13 +882,13 @@ from minillm.generate import generate
 from minillm.train import token_nll
 
 train_text, val_text = data.split_corpus(data.corpus_text())
-vocabulary = set(reference_lora.words(train_text))
+vocabulary = set(words(train_text))
 held_chars = 2_000 if QUICK else 8_000
-held_out = reference_lora.pig_latin(val_text[:held_chars])
+held_out = pig_latin(val_text[:held_chars])
 shakespeare = val_text[held_chars: 2 * held_chars]
 held_ids, shakespeare_ids = torch.tensor(tokenizer.encode(held_out)), torch.tensor(tokenizer.encode(shakespeare))
 prompt = torch.tensor([tokenizer.encode(held_out)[:24]])
-print("the start of the validation text in pig latin:" + reference_lora.pig_latin(val_text[1:120]))
+print("the start of the validation text in pig latin:" + pig_latin(val_text[1:120]))
 
 
 def measure(model) -> dict:
@@ -944,7 +897,7 @@ def measure(model) -> dict:
     text = tokenizer.decode(sample[0, prompt.shape[1]:].tolist())
     return {"held_out": token_nll(model, held_ids)[0] / len(held_out),
             "shakespeare": token_nll(model, shakespeare_ids)[0] / len(shakespeare),
-            "score": reference_lora.pig_latin_score(text, vocabulary), "sample": text}
+            "score": pig_latin_score(text, vocabulary), "sample": text}
 
 
 before = measure(base_model)
@@ -972,7 +925,7 @@ from minillm.train import BatchSampler, TrainConfig, TrainState, train
 live_steps = 8 if QUICK else 60
 torch.manual_seed(0)
 model = reference_lora.apply_lora(reference_lora.unfuse_qkv(shipped), r=2, alpha=8.0, targets=("all",))
-fine_tune_ids = torch.tensor(tokenizer.encode(reference_lora.pig_latin(train_text[: 30_000 if QUICK else 120_000])))
+fine_tune_ids = torch.tensor(tokenizer.encode(pig_latin(train_text[: 30_000 if QUICK else 120_000])))
 config = TrainConfig(steps=live_steps, lr=2e-2, warmup_steps=max(1, live_steps // 10), eval_every=live_steps,
                      checkpoint_every=live_steps)
 state = TrainState.new(model, config)
@@ -1199,8 +1152,10 @@ print(f"file to share: full {full['file_bytes'] / 1e6:.2f} MB, adapters {budget[
 # - `unfuse_qkv(model)`, the same model with separate Q, K, V projections;
 # - `lora_parameter_count` (Exercise 3), `trainable_parameters`, `optimizer_state_bytes`;
 # - `save_lora` / `load_lora`, adapter files that name their base by config and
-#   `base_fingerprint`;
-# - the task: `pig_latin`, `pig_latin_word`, `words`, `pig_latin_score`.
+#   `base_fingerprint`.
+#
+# The task, `pig_latin`, `pig_latin_word`, `words` and `pig_latin_score`, went into
+# `minillm.tasks`, beside chapter 13's.
 #
 # The weight-decay policy: `minillm.train.param_groups` decays every trainable matrix, so
 # A and B decay (towards $BA = 0$, the base model) and the frozen base is left out.

@@ -58,7 +58,7 @@ QUICK = course.QUICK
 
 # %%
 #| export minillm/dpo.py
-"""Direct preference optimization (DPO) of ``minillm``'s models, and the chapter's preference task (chapter 13).
+"""Direct preference optimization (DPO) of ``minillm``'s models, and the chapter's preference data (chapter 13).
 
 - ``response_logprobs(logits, ids, mask)`` and ``sequence_logprobs(model, ids, mask)``: the
   log-probability of each sequence's response, summed over its tokens (prompt and padding masked).
@@ -67,9 +67,9 @@ QUICK = course.QUICK
 - ``implicit_reward(policy_logps, ref_logps, beta)``: beta log(pi / pi_ref), the reward a policy defines.
 - ``kl_estimate(policy_logps, ref_logps)``: KL(pi || pi_ref) in nats per sequence, from
   responses sampled from the policy, with its standard error.
-- The task: ``uses_target(text)`` (the word "love" in any of its forms), ``prompt_windows``,
-  ``sample_responses`` and ``preference_pairs`` (``PreferencePairs``), pairs sampled from
-  the reference model itself and ranked by ``uses_target``.
+- The preference data: ``prompt_windows``, ``sample_responses`` and ``preference_pairs``
+  (``PreferencePairs``), pairs sampled from the reference model itself and ranked by a
+  scorer, by default ``minillm.tasks.uses_target`` (the word "love" in any of its forms).
 - Training with ``minillm.train.train(..., loss_fn=...)``: ``frozen_reference(model)``,
   ``PairBatches``, ``dpo_objective(reference, beta)`` and ``sft_objective`` (supervised
   fine-tuning on the chosen responses, the baseline).
@@ -86,7 +86,7 @@ from torch import nn
 
 from minillm.checks import eager_only, integer, positive_int, positive_number
 from minillm.generate import generate
-from minillm.lora import words
+from minillm.tasks import uses_target
 
 # %% [markdown]
 # ## From preferences to a loss
@@ -613,22 +613,6 @@ reward_of = course.keep_going("implicit_reward", implicit_reward, reference_dpo.
 
 # %%
 #| export minillm/dpo.py
-TARGET_WORDS = frozenset({"love", "loves", "loved", "lover", "lovers", "lovely", "loving", "lovest", "loveth"})
-"""The preferred attribute: a response that uses one of these words (``uses_target``)."""
-
-
-def uses_target(text: str, target=TARGET_WORDS) -> bool:
-    """True when ``text`` uses one of the words of ``target`` (lower-case; case is ignored).
-
-    Words are runs of ASCII letters (``minillm.lora.words``), so "love's" uses "love" and
-    "glove" does not. The chapter's preferred attribute, scored by code, with no model.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    target = frozenset(target)
-    return any(word in target for word in words(text))
-
-
 def prompt_windows(tokenizer, text: str, n: int, length: int) -> torch.Tensor:
     """``n`` prompts of ``length`` token ids, evenly spaced over the tokens of ``text``: (n, length) long.
 
@@ -1092,7 +1076,7 @@ for name, model in (("reference", frozen), ("live DPO policy", live_policy)):
     with torch.no_grad():
         kl, kl_error = kl_of(reference_dpo.sequence_logprobs(model, samples, response),  # your kl_estimate, if it passed
                              reference_dpo.sequence_logprobs(frozen, samples, response))
-    rate = sum(reference_dpo.uses_target(tokenizer.decode(row[PROMPT:].tolist())) for row in samples) / len(samples)
+    rate = sum(uses_target(tokenizer.decode(row[PROMPT:].tolist())) for row in samples) / len(samples)
     print(f"{name:16s} attribute rate {rate:.3f} ± {math.sqrt(rate * (1 - rate) / len(samples)):.3f} · "
           f"KL {kl:5.2f} ± {kl_error:.2f} nats/response · "
           f"Shakespeare {nats_per_char(model, shakespeare_ids, len(shakespeare)):.3f} nats/char")
@@ -1144,47 +1128,14 @@ for run in frontier["runs"]:
 # their chosen and rejected responses; the loss on Shakespeare in nats per character.
 
 # %% [markdown]
-# The figure of the sweep is drawn by a function of the package, so that the bench script
-# draws the same one into `data/dpo-frontier.png`.
+# The figure of the sweep is drawn by a function of the package (`minillm.curves`), so that
+# the bench script draws the same one into `data/dpo-frontier.png`.
 
 # %%
-#| export minillm/dpo.py
-def plot_frontier(document: dict):
-    """The figure of a sweep document of ``bench/dpo_frontier.py``: on the left each run's
-    attribute rate against its KL to the reference at every evaluation; on the right the
-    policy's logged log-probabilities of the training pairs (chosen, and rejected for DPO),
-    smoothed (``minillm.curves.smooth``). Returns the matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    from minillm.curves import smooth
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
-    for run in document["runs"]:
-        sft = run["method"] == "sft"
-        label = "SFT on the chosen" if sft else f"DPO β = {run['beta']:g}"
-        style = dict(color="black", linestyle="--") if sft else {}
-        left.plot([p["kl"] for p in run["points"]], [100 * p["attribute_rate"] for p in run["points"]],
-                  marker="s" if sft else "o", label=label, **style)
-        steps = range(1, len(run["history"]["chosen_logp"]) + 1)
-        line, = right.plot(steps, smooth(run["history"]["chosen_logp"]), label=f"{label}: chosen", **style)
-        if not sft:
-            right.plot(steps, smooth(run["history"]["rejected_logp"]), color=line.get_color(), linestyle=":",
-                       label=f"{label}: rejected")
-    base = document["runs"][0]["points"][0]
-    left.axhline(100 * base["attribute_rate"], color="grey", linestyle=":", label="the shipped model")
-    left.axhline(30, color="grey", linestyle="-.", linewidth=0.8, label="target: 30%")
-    left.axvline(5, color="grey", linestyle="--", linewidth=0.8, label="KL of 5 nats")
-    left.set(xlabel="KL to the reference (nats per 32-token response, from samples)",
-             ylabel="held-out responses that speak of love (%)",
-             title=f"Attribute against drift (a point every {document['settings']['eval_every']} steps)")
-    left.legend(fontsize=7)
-    right.set(xlabel="training step", ylabel="log-probability of a training response (nats, smoothed)",
-              title="The policy's log-probabilities of the training pairs")
-    right.legend(fontsize=6, ncol=2)
-    return fig
+from minillm.curves import plot_frontier
 
 # %%
-reference_dpo.plot_frontier(frontier)
+plot_frontier(frontier)
 plt.show()
 
 # %% [markdown]
@@ -1325,8 +1276,9 @@ plt.show()
 # - `response_logprobs` (Exercise 1) and `sequence_logprobs(model, ids, mask)`, the
 #   log-probability of a response with the prompt and the padding masked;
 # - `dpo_loss` (Exercise 2), `implicit_reward` (Exercise 3), `kl_estimate` (Exercise 4);
-# - the preference task: `TARGET_WORDS`, `uses_target`, `prompt_windows`,
-#   `sample_responses`, `response_mask`, `preference_pairs` and `PreferencePairs`;
+# - the preference data: `prompt_windows`, `sample_responses`, `response_mask`,
+#   `preference_pairs` and `PreferencePairs` (the attribute they rank by, `uses_target`,
+#   is in `minillm.tasks`);
 # - training with chapter 07's `train(..., loss_fn=...)`: `frozen_reference`,
 #   `PairBatches` (resumable), `dpo_objective(reference, beta)` and `sft_objective`;
 # - measuring: `evaluate_policy` and `pair_metrics`; the sweep in `bench/dpo_frontier.py`.
