@@ -41,7 +41,8 @@ import torch
 
 from minillm import curves, data, dpo
 from minillm.recipe import load_pretrained
-from minillm.train import TrainConfig, nats_per_char, train
+from minillm.loss import nats_per_char
+from minillm.train import TrainConfig, train
 
 SETTINGS = dict(train_prompts=1024, held_prompts=512, held_pair_prompts=256, samples=8, prompt_tokens=32,
                 response_tokens=32, held_chars=100_000, shakespeare_chars=8_000, batch_size=16, warmup_steps=10,

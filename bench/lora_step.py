@@ -1,7 +1,7 @@
 """Time per training step of LoRA against full fine-tuning of the shipped model (chapter 12).
 
 Every model is the shipped model with its Q/K/V projection unfused; each step is forward,
-backward and an AdamW step (``minillm.train.build_optimizer``) on one fixed batch of 8
+backward and an AdamW step (``minillm.optim.build_optimizer``) on one fixed batch of 8
 windows of 128 tokens. The models are timed in short interleaved rounds (each round
 starting with the next model), so that a change in the machine's load hits all alike;
 the table gives, for each, the median over the rounds of its time divided by full
@@ -17,7 +17,7 @@ import torch
 
 from minillm import lora
 from minillm.recipe import load_pretrained
-from minillm.train import build_optimizer
+from minillm.optim import build_optimizer
 
 RUNS = {"full fine-tune": None, "full fine-tune (again)": None, "LoRA r=1 q,v": (1, ("q", "v")),
         "LoRA r=2 all": (2, ("all",)), "LoRA r=16 all": (16, ("all",))}

@@ -39,7 +39,9 @@ import torch
 from minillm import data, lora, tasks
 from minillm.generate import generate
 from minillm.recipe import load_pretrained
-from minillm.train import BatchSampler, TrainConfig, TrainState, save_model, token_nll, train
+from minillm.batches import BatchSampler
+from minillm.loss import token_nll
+from minillm.train import TrainConfig, TrainState, save_model, train
 
 SETTINGS = dict(train_chars=120_000, held_out_chars=8_000, batch_size=8, context=128, alpha=8.0, lr_full=2e-3,
                 lr_lora=2e-2, weight_decay=0.1, prompts=8, prompt_tokens=24, new_tokens=48, temperature=0.8, seed=0)

@@ -38,7 +38,8 @@ from minillm import data
 from minillm.model import GPT, count_parameters
 from minillm.moe import MoEFeedForward, routing_metrics
 from minillm.recipe import load_pretrained, recipe_config, recipe_train_config
-from minillm.train import BatchSampler, held_out_loss, train
+from minillm.batches import BatchSampler
+from minillm.train import held_out_loss, train
 
 MOE_OPTIONS = {"n_experts": 8, "top_k": 2, "expert": "swiglu", "capacity_factor": 1.25}
 CAPACITY_FACTORS = (1.0, 1.25, 2.0)

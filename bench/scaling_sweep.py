@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 
 from minillm import data, scaling, train as training
+from minillm.batches import BatchSampler
+from minillm.loss import token_nll
 from minillm.model import GPT, count_parameters
 from minillm.recipe import recipe_config
 
@@ -68,13 +70,13 @@ def run(kind: str, d_model: int, n_layers: int, tokens: int, lr: float, train_id
     steps = max(1, tokens // (BATCH * CONTEXT))
     torch.manual_seed(0)
     model = GPT(config)
-    batches = training.BatchSampler(train_ids, BATCH, CONTEXT, seed=0)
+    batches = BatchSampler(train_ids, BATCH, CONTEXT, seed=0)
     train_config = training.TrainConfig(steps=steps, lr=lr, warmup_steps=max(1, steps // 10), eval_every=steps,
                                         checkpoint_every=steps)
     started = time.perf_counter()
     history = training.train(model, batches, train_config, progress=False).history
     seconds = time.perf_counter() - started
-    total, count = training.token_nll(model, val_ids, context=CONTEXT)
+    total, count = token_nll(model, val_ids, context=CONTEXT)
     used = steps * BATCH * CONTEXT
     return dict(kind=kind, d_model=d_model, n_layers=n_layers, n_heads=config.n_heads, lr=lr, steps=steps,
                 tokens=used, non_embedding=count_parameters(config, non_embedding=True),

@@ -153,8 +153,10 @@ def _train(args, launch, device) -> None:
     import torch
 
     from minillm import data, distributed, recipe, train as training
+    from minillm.batches import BatchSampler
     from minillm.curves import plot_history
     from minillm.generate import generate_text
+    from minillm.loss import token_nll
     from minillm.model import GPT
     from minillm.tokenizer import BPETokenizer
 
@@ -187,7 +189,7 @@ def _train(args, launch, device) -> None:
     model = distributed.wrap(model, device)
     if launch.distributed:
         torch.manual_seed(args.seed + 1 + launch.rank)  # each rank its own dropout draws
-    batches = training.BatchSampler(train_ids, args.batch_size, config.context_length, seed=args.seed,
+    batches = BatchSampler(train_ids, args.batch_size, config.context_length, seed=args.seed,
                                     rank=launch.rank, world_size=launch.world_size)
     evaluate = training.held_out_loss(val_ids, max_windows=recipe.DEFAULT_RECIPE["eval_windows"],
                                       batch_size=args.batch_size)
@@ -197,7 +199,7 @@ def _train(args, launch, device) -> None:
     if not main:
         return
     model = training.unwrap(model)
-    total, count = training.token_nll(model, val_ids)
+    total, count = token_nll(model, val_ids)
     loss = total / len(val_text)
     minutes = (time.time() - started) / 60
     print(f"validation loss: {loss:.4f} nats per character ({loss / math.log(2):.3f} bits per character; "
@@ -274,6 +276,7 @@ def cmd_evaluate(args) -> None:
     import torch
 
     from minillm import data, train as training
+    from minillm.loss import nats_per_char
     from minillm.tokenizer import BPETokenizer
 
     model_path, tokenizer_path = _model_paths(args.model, args.tokenizer)
@@ -283,7 +286,7 @@ def cmd_evaluate(args) -> None:
     if args.max_chars is not None:
         val_text = val_text[: args.max_chars]
     ids = torch.tensor(tokenizer.encode(val_text))
-    loss = training.nats_per_char(model, ids, len(val_text))
+    loss = nats_per_char(model, ids, len(val_text))
     print(f"{model_path}: {loss:.4f} nats per character on {len(val_text):,d} validation characters")
 
 

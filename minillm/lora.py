@@ -14,7 +14,7 @@
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
 
-Weight decay: ``minillm.train.param_groups`` decays every trainable matrix, so the adapters'
+Weight decay: ``minillm.optim.param_groups`` decays every trainable matrix, so the adapters'
 A and B decay and the frozen base is left out. Decay pulls B A towards 0, that is, the
 adapted model towards its base (full fine-tuning's decay pulls the weights towards 0).
 """

@@ -11,7 +11,8 @@ from minillm.__main__ import _parser, main, sampling_settings
 from minillm.tokenizer import BPETokenizer
 from minillm.checkpoint import load_checkpoint
 from minillm.recipe import load_pretrained, pretrained_paths
-from minillm.train import load_model, nats_per_char
+from minillm.loss import nats_per_char
+from minillm.train import load_model
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["generate", "--help"], ["evaluate", "--help"]])

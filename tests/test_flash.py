@@ -12,7 +12,8 @@ from minillm import flash
 from minillm.attention import get_attention_backend
 from minillm.generate import ConcatModelCache, generate
 from minillm.model import GPT, GPTConfig
-from minillm.train import BatchSampler, TrainConfig, train
+from minillm.batches import BatchSampler
+from minillm.train import TrainConfig, train
 from tests.test_attention import contract_reference
 
 

@@ -10,7 +10,7 @@ from minillm import lora
 from minillm.checkpoint import CheckpointError
 from minillm.markers import is_residual_projection
 from minillm.model import GPT, GPTConfig
-from minillm.train import build_optimizer, param_groups
+from minillm.optim import build_optimizer, param_groups
 
 SMALL = dict(vocab_size=61, context_length=16, d_model=32, n_layers=2, n_heads=4, positions="rope", norm="rmsnorm",
              ffn="swiglu", bias=False)

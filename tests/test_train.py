@@ -9,9 +9,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from minillm.checkpoint import CheckpointError, load_checkpoint
 from minillm.model import GPT, GPTConfig
-from minillm.train import (BatchSampler, TrainConfig, TrainState, build_optimizer, build_scheduler, held_out_loss,
-                           lm_loss, load_model, lr_schedule, nats_per_char, param_groups, save_model, token_nll, train,
-                           unwrap)
+from minillm.batches import BatchSampler
+from minillm.loss import nats_per_char, token_nll
+from minillm.optim import build_optimizer, build_scheduler, lr_schedule, param_groups
+from minillm.train import TrainConfig, TrainState, held_out_loss, lm_loss, load_model, save_model, train, unwrap
 
 TINY = dict(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2, d_ff=32)
 

@@ -11,7 +11,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from minillm.checkpoint import load_checkpoint
 from minillm.model import GPT, GPTConfig
-from minillm.train import BatchSampler, TrainConfig, TrainState, held_out_loss, train
+from minillm.batches import BatchSampler
+from minillm.train import TrainConfig, TrainState, held_out_loss, train
 
 WORLD_SIZE = 2
 TINY = dict(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.1)

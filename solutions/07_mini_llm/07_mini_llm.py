@@ -671,42 +671,23 @@ plt.show()
 # <details><summary>Hint 3</summary><code>-log_probs[keep].gather(-1, targets[keep][:, None]).sum()</code>. A sum, not a mean: the per-character loss divides the total by characters, not tokens.</details>
 
 # %%
-#| export minillm/train.py
-"""Training the mini-LLM: the loss, AdamW, a learning-rate schedule, batches, checkpoints (chapter 07).
+#| export minillm/loss.py
+"""The loss of a language model, in nats: summed, per token and per character (chapter 07).
 
-- ``summed_nll``, ``token_nll``, ``nats_per_char``: the held-out loss, per token and per
-  character (the summed loss over the characters of the text, which does not depend on
-  the tokenizer).
-- ``param_groups`` / ``build_optimizer``: AdamW with weight decay on the matrices only.
-- ``lr_schedule`` / ``build_scheduler``: linear warmup, then cosine decay to ``min_lr``.
-- ``BatchSampler``: context windows of a token stream in a seeded order, with a cursor;
-  in data-parallel training each rank takes its own share of every batch.
-- ``train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)``:
-  the loop (gradient clipping, periodic evaluation, a ``tqdm`` bar) for any module, a
-  ``DistributedDataParallel`` wrapper included, any batch iterator and any loss.
-- ``TrainState``: everything the next step depends on besides the weights (optimizer,
-  scheduler, data cursor, every rank's random generators, step, history); it saves and
-  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
-
-The recipe of ``make train`` and the shipped model's files are in ``minillm.recipe``.
+- ``summed_nll(logits, targets)``: the summed negative log-likelihood of the targets.
+- ``token_nll(model, ids)``: a model's summed loss over a token stream, in windows, and how
+  many tokens it covers.
+- ``nats_per_char(model, ids, n_chars)``: that loss over the characters of the text, which
+  does not depend on the tokenizer.
 """
-import contextlib
-import math
-from dataclasses import asdict, dataclass, field
-from functools import partial
-
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint,
-                                rank_and_world_size, rng_states, save_checkpoint, set_rng_states)
-from minillm.checks import integer, non_negative_int, number, positive_int, positive_number
-from minillm.model import GPT, IGNORE_INDEX, GPTConfig
+from minillm.model import IGNORE_INDEX
 
 # %%
 #| answer summed_nll
-#| export minillm/train.py
+#| export minillm/loss.py
 def summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Summed negative log-likelihood, in nats, of ``targets`` under ``logits``.
 
@@ -804,9 +785,10 @@ course.expect_close(got, torch.tensor(0.0), "summed_nll with every target padded
 ### END HIDDEN TESTS
 
 # %%
-from minillm import train as reference_train
+from minillm import batches as reference_batches, loss as reference_loss
+from minillm import optim as reference_optim, train as reference_train
 
-nll_sum = course.keep_going("summed_nll", summed_nll, reference_train.summed_nll, check_summed_nll)
+nll_sum = course.keep_going("summed_nll", summed_nll, reference_loss.summed_nll, check_summed_nll)
 
 # %% [markdown]
 # The validation text is cut into non-overlapping windows of the context length; each
@@ -815,7 +797,7 @@ nll_sum = course.keep_going("summed_nll", summed_nll, reference_train.summed_nll
 # prediction a full context and a slightly lower loss, at `context` times the cost.)
 
 # %%
-#| export minillm/train.py
+#| export minillm/loss.py
 @torch.no_grad()
 def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, batch_size: int = 32,
               max_windows: int | None = None) -> tuple[float, int]:
@@ -881,7 +863,7 @@ val_slice = val_text[: 20_000]
 val_ids = torch.tensor(tokenizer.encode(val_slice))
 print(f"{len(val_slice):,d} validation characters = {len(val_ids):,d} tokens ({len(val_slice) / len(val_ids):.2f} characters per token)")
 for name, model in (("untrained", reference_model.GPT(trained.config)), ("trained", trained)):
-    total, count = reference_train.token_nll(model, val_ids)
+    total, count = reference_loss.token_nll(model, val_ids)
     print(f"{name:9s}: {total / count:.3f} nats per token · {total / len(val_slice):.3f} nats per character")
 
 # %% [markdown]
@@ -899,7 +881,7 @@ with torch.no_grad():
     logits, _ = trained(window[:, :-1])
     mine = nll_sum(logits, window[:, 1:]).item()
     print(f"one window: {mine:.2f} nats over {window.shape[1] - 1} tokens = {mine / (window.shape[1] - 1):.3f} per token "
-          f"(package: {reference_train.summed_nll(logits, window[:, 1:]).item():.2f})")
+          f"(package: {reference_loss.summed_nll(logits, window[:, 1:]).item():.2f})")
 
 # %% [markdown]
 # ## Training
@@ -925,7 +907,19 @@ with torch.no_grad():
 #    validation loss tells when that starts.
 
 # %%
-#| export minillm/train.py
+#| export minillm/optim.py
+"""AdamW and the learning-rate schedule of the mini-LLM's training (chapter 07).
+
+- ``param_groups`` / ``build_optimizer``: AdamW with weight decay on the matrices only.
+- ``lr_schedule`` / ``build_scheduler``: linear warmup, then cosine decay to ``min_lr``.
+"""
+import math
+from functools import partial
+
+import torch
+from torch import nn
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: matrices (linear weights, embeddings) decay; vectors
     (biases, norm scales and shifts) do not. A tied weight appears once."""
@@ -945,7 +939,7 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
 
 # %%
 #| stable
-groups = reference_train.param_groups(reference_model.GPT(recipe), weight_decay=0.1)
+groups = reference_optim.param_groups(reference_model.GPT(recipe), weight_decay=0.1)
 for group in groups:
     print(f"weight decay {group['weight_decay']}: {len(group['params'])} tensors, "
           f"{sum(p.numel() for p in group['params']):,d} parameters")
@@ -975,7 +969,7 @@ for group in groups:
 
 # %%
 #| answer lr_schedule
-#| export minillm/train.py
+#| export minillm/optim.py
 def lr_schedule(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
     """The learning rate at ``step`` (0-based): linear warmup, then cosine decay.
 
@@ -1065,7 +1059,7 @@ assert all(a >= b for a, b in zip(decay, decay[1:])), "lr_schedule: the learning
 ### END HIDDEN TESTS
 
 # %%
-schedule = course.keep_going("lr_schedule", lr_schedule, reference_train.lr_schedule, check_lr_schedule)
+schedule = course.keep_going("lr_schedule", lr_schedule, reference_optim.lr_schedule, check_lr_schedule)
 
 # %%
 from minillm.recipe import DEFAULT_RECIPE, recipe_train_config
@@ -1088,7 +1082,7 @@ plt.show()
 # PyTorch's `LambdaLR`, so that the scheduler's state is saved and restored with the rest.
 
 # %%
-#| export minillm/train.py
+#| export minillm/optim.py
 def _lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     return lr_schedule(step, 1.0, warmup_steps, total_steps, min_ratio)
 
@@ -1108,7 +1102,17 @@ def build_scheduler(optimizer, warmup_steps: int, total_steps: int, min_ratio: f
 # share of every batch, so that together they see exactly what one process would.
 
 # %%
-#| export minillm/train.py
+#| export minillm/batches.py
+"""Training batches: context windows of a token stream in a seeded, resumable order (chapter 07).
+
+``BatchSampler`` keeps a cursor, so that a resumed run sees the batches the uninterrupted
+one would; in data-parallel training each rank takes its own share of every batch.
+"""
+import torch
+
+from minillm.checks import integer, non_negative_int, positive_int
+
+
 class BatchSampler:
     """Training windows from a 1-D token stream, in a seeded order, resumable.
 
@@ -1205,9 +1209,9 @@ small = dict(context_length=64, d_model=64, n_layers=2, n_heads=4, d_ff=176, pos
 bare_steps = 20 if course.QUICK else 60
 torch.manual_seed(0)
 model = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer), **small))
-optimizer = reference_train.build_optimizer(model, lr=6e-3)
-scheduler = reference_train.build_scheduler(optimizer, warmup_steps=bare_steps // 10, total_steps=bare_steps)
-batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)
+optimizer = reference_optim.build_optimizer(model, lr=6e-3)
+scheduler = reference_optim.build_scheduler(optimizer, warmup_steps=bare_steps // 10, total_steps=bare_steps)
+batches = reference_batches.BatchSampler(train_tokens, batch_size=16, context=64)
 for step in range(bare_steps):
     x, y = next(batches)                                        # (16, 64) inputs, (16, 64) next tokens
     _, loss = model(x, y)                                       # mean cross-entropy, nats per token
@@ -1228,6 +1232,37 @@ for step in range(bare_steps):
 
 # %%
 #| export minillm/train.py
+"""Training the mini-LLM: the loop, its configuration and its resumable state (chapter 07).
+
+- ``TrainConfig``: steps, AdamW, the schedule, clipping, evaluation and checkpoints.
+- ``train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)``:
+  the loop (gradient clipping, accumulation, periodic evaluation, a ``tqdm`` bar) for any
+  module, a ``DistributedDataParallel`` wrapper included, any batch iterator and any loss.
+- ``TrainState``: everything the next step depends on besides the weights (optimizer,
+  scheduler, data cursor, every rank's random generators, step, history); it saves and
+  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
+- ``save_model`` / ``load_model``, ``lm_loss`` (the default loss) and ``held_out_loss`` (an
+  ``evaluate`` callback).
+
+Its parts: the loss in ``minillm.loss``, the optimizer and schedule in ``minillm.optim``,
+the batches in ``minillm.batches``. The recipe of ``make train`` and the shipped model's
+files are in ``minillm.recipe``.
+"""
+import contextlib
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint,
+                                rank_and_world_size, rng_states, save_checkpoint, set_rng_states)
+from minillm.checks import non_negative_int, number, positive_int, positive_number
+from minillm.loss import token_nll
+from minillm.model import GPT, GPTConfig
+from minillm.optim import build_optimizer, build_scheduler
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to optimize: steps, AdamW, the schedule, clipping, when to evaluate and checkpoint.
@@ -1683,7 +1718,7 @@ torch.manual_seed(0)
 demo = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, **small))  # + 1: see below
 demo_config = reference_train.TrainConfig(steps=demo_steps, lr=6e-3, warmup_steps=demo_steps // 20,
                                           eval_every=demo_steps // 4)
-demo_batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)
+demo_batches = reference_batches.BatchSampler(train_tokens, batch_size=16, context=64)
 started = time.perf_counter()
 demo_state = reference_train.train(demo, demo_batches, demo_config,
                                    evaluate=reference_train.held_out_loss(val_ids, max_windows=16, batch_size=16))
@@ -1691,7 +1726,7 @@ demo_history = demo_state.history
 print(f"{demo_steps} steps in {time.perf_counter() - started:.1f} s; training loss (mean of 10 batches) "
       f"{sum(demo_history['train_loss'][:10]) / 10:.2f} → {sum(demo_history['train_loss'][-10:]) / 10:.2f} nats per "
       f"token; validation (16 windows) {demo_history['val_loss'][-1]:.2f}")
-on_train, on_val = (reference_train.token_nll(demo, ids, max_windows=256) for ids in (train_tokens, val_ids))
+on_train, on_val = (reference_loss.token_nll(demo, ids, max_windows=256) for ids in (train_tokens, val_ids))
 print(f"the final model on 256 windows of each text: training {on_train[0] / on_train[1]:.2f}, "
       f"validation {on_val[0] / on_val[1]:.2f} nats per token")
 
@@ -1748,7 +1783,7 @@ tiny_run = reference_train.TrainConfig(steps=16, warmup_steps=2, eval_every=8, c
 
 
 def tiny_batches():
-    return reference_train.BatchSampler(train_tokens, batch_size=4, context=16)
+    return reference_batches.BatchSampler(train_tokens, batch_size=4, context=16)
 
 
 torch.manual_seed(1)
@@ -2451,7 +2486,7 @@ def masked_lm_loss(model, batch):
 
 torch.manual_seed(0)
 encoder = reference_model.GPT(reference_model.GPTConfig(vocab_size=len(tokenizer) + 1, architecture="encoder", **small))
-encoder_batches = reference_train.BatchSampler(train_tokens, batch_size=16, context=64)  # the GPT's batches
+encoder_batches = reference_batches.BatchSampler(train_tokens, batch_size=16, context=64)  # the GPT's batches
 encoder_history = reference_train.train(encoder, encoder_batches, demo_config, loss_fn=masked_lm_loss).history
 print(f"masked LM: {demo_config.steps} steps, {sum(encoder_history['hidden']) / demo_config.steps:.1%} of the tokens "
       f"hidden; loss on the hidden tokens {encoder_history['train_loss'][0]:.2f} → "
@@ -2616,12 +2651,13 @@ print(f"generating is {generation / full:.0f} times slower than scoring the same
 #   `count_parameters(config)` equals the built model's size for every switch setting (the
 #   tests check all 192 combinations of positions, norm, placement, FFN, bias and tying,
 #   and 9 more configurations).
-# - `minillm.train`: `summed_nll` (Exercise 1), `token_nll`, `nats_per_char`;
-#   `param_groups`, `build_optimizer`; `lr_schedule` (Exercise 2), `build_scheduler`;
-#   `BatchSampler` (sharded by rank for data-parallel training); `TrainConfig`,
-#   `train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)`
-#   for any module, batches and loss, and `TrainState`, which saves and resumes exactly;
-#   `held_out_loss`, `unwrap`, `save_model`, `load_model`.
+# - `minillm.loss`: `summed_nll` (Exercise 1), `token_nll`, `nats_per_char`.
+# - `minillm.optim`: `param_groups`, `build_optimizer`; `lr_schedule` (Exercise 2),
+#   `build_scheduler`.
+# - `minillm.batches`: `BatchSampler` (sharded by rank for data-parallel training).
+# - `minillm.train`: `TrainConfig`, `train(model, batches, config, *, loss_fn=lm_loss,
+#   evaluate=None, state=None, ...)` for any module, batches and loss, and `TrainState`,
+#   which saves and resumes exactly; `held_out_loss`, `unwrap`, `save_model`, `load_model`.
 # - `minillm.recipe`: the recipe of `make train` (`DEFAULT_RECIPE`, `recipe_config`,
 #   `recipe_train_config`) and the shipped model's files (`pretrained_paths`,
 #   `load_pretrained`); `minillm.curves.plot_history` draws a run's loss curves.

@@ -52,6 +52,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import course_runtime as course
 from minillm import data
 from minillm import train as training
+from minillm.batches import BatchSampler
+from minillm.loss import token_nll
 from minillm.model import GPT, GPTConfig, count_parameters
 from minillm.recipe import recipe_config
 
@@ -691,12 +693,12 @@ for d_model, n_layers in [(16, 1), (32, 1), (48, 2)]:
     config = recipe_config(256, context_length=64, d_model=d_model, n_layers=n_layers, n_heads=d_model // 16)
     torch.manual_seed(0)
     model = GPT(config)
-    batches = training.BatchSampler(train_bytes, 16, 64, seed=0)
+    batches = BatchSampler(train_bytes, 16, 64, seed=0)
     started = time.perf_counter()
     training.train(model, batches, training.TrainConfig(steps=live_steps, lr=3e-3, warmup_steps=live_steps // 10,
                                                         eval_every=live_steps, checkpoint_every=live_steps),
                    progress=False)
-    total_nll, count = training.token_nll(model, val_bytes, context=64)
+    total_nll, count = token_nll(model, val_bytes, context=64)
     live.append((count_parameters(config, non_embedding=True), total_nll / count))
     print(f"d_model {d_model:3d} x {n_layers}: {live[-1][0]:>7,d} non-embedding parameters, {live_steps} steps: "
           f"loss {live[-1][1]:.3f} nats per byte ({time.perf_counter() - started:.1f} s)")

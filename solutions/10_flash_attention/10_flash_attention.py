@@ -1085,7 +1085,8 @@ import dataclasses
 from minillm import data
 from minillm.generate import generate
 from minillm.model import GPT, GPTConfig
-from minillm.train import BatchSampler, TrainConfig, train
+from minillm.batches import BatchSampler
+from minillm.train import TrainConfig, train
 
 config = GPTConfig(vocab_size=256, context_length=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                    attention_backend="math")

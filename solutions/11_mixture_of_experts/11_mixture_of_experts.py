@@ -61,7 +61,8 @@ from minillm.ffn import SwiGLU
 from minillm.model import GPT, count_parameters
 from minillm.moe import MoEFeedForward, routing_metrics
 from minillm.recipe import load_pretrained, recipe_config, recipe_train_config
-from minillm.train import BatchSampler, held_out_loss, lm_loss, train
+from minillm.batches import BatchSampler
+from minillm.train import held_out_loss, lm_loss, train
 
 device = course.setup(seed=0)  # this chapter runs on the CPU whatever `device` says: its models are small
 torch.set_num_threads(1)  # small matrices: one thread is as fast, and robust on a busy machine

@@ -67,7 +67,7 @@ QUICK = course.QUICK
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
 
-Weight decay: ``minillm.train.param_groups`` decays every trainable matrix, so the adapters'
+Weight decay: ``minillm.optim.param_groups`` decays every trainable matrix, so the adapters'
 A and B decay and the frozen base is left out. Decay pulls B A towards 0, that is, the
 adapted model towards its base (full fine-tuning's decay pulls the weights towards 0).
 """
@@ -879,7 +879,7 @@ from minillm.tasks import pig_latin, pig_latin_score, words
 
 # %%
 from minillm.generate import generate
-from minillm.train import token_nll
+from minillm.loss import token_nll
 
 train_text, val_text = data.split_corpus(data.corpus_text())
 vocabulary = set(words(train_text))
@@ -920,7 +920,8 @@ print("sample:", repr(before["sample"]))
 # text. (Quick mode trains for 8 steps on less text; the full run takes the sweep's 60.)
 
 # %%
-from minillm.train import BatchSampler, TrainConfig, TrainState, train
+from minillm.batches import BatchSampler
+from minillm.train import TrainConfig, TrainState, train
 
 live_steps = 8 if QUICK else 60
 torch.manual_seed(0)
@@ -1157,7 +1158,7 @@ print(f"file to share: full {full['file_bytes'] / 1e6:.2f} MB, adapters {budget[
 # The task, `pig_latin`, `pig_latin_word`, `words` and `pig_latin_score`, went into
 # `minillm.tasks`, beside chapter 13's.
 #
-# The weight-decay policy: `minillm.train.param_groups` decays every trainable matrix, so
+# The weight-decay policy: `minillm.optim.param_groups` decays every trainable matrix, so
 # A and B decay (towards $BA = 0$, the base model) and the frozen base is left out.
 # Chapter 13 starts from the same shipped model and changes it with preference pairs
 # instead of examples.

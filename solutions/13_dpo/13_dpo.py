@@ -1066,7 +1066,7 @@ def pair_metrics(policy: nn.Module, reference: nn.Module, pairs: PreferencePairs
 # capability cost), in nats per character as in chapter 12.
 
 # %%
-from minillm.train import nats_per_char
+from minillm.loss import nats_per_char
 
 shakespeare = val_text[100_000: 104_000 if QUICK else 108_000]
 shakespeare_ids = torch.tensor(tokenizer.encode(shakespeare))
