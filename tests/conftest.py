@@ -46,7 +46,8 @@ def restore_global_state():
 @pytest.fixture(scope="session")
 def grading_root(tmp_path_factory) -> Path:
     """A folder shared by every pytest-xdist worker of the session, so each chapter is graded
-    once whichever worker asks first (xdist_group does not group under pytest 9.2)."""
+    once whichever worker asks first (its xdist_group keeps a chapter's tests on one worker
+    under `--dist loadgroup`; other modes share this folder)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "graded"
     root.mkdir(exist_ok=True)

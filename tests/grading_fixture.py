@@ -179,8 +179,8 @@ def shared_folder(tmp_path_factory) -> Path:
 
 def once(tmp_path_factory, name: str, build):
     """``build(folder)`` (JSON-able) computed once per test session, by whichever worker asks
-    first; the others wait for it. Grouping tests on one worker (``xdist_group``) is not
-    relied on: pytest 9.2 ignores the node ids pytest-xdist 3.8 rewrites for it."""
+    first; the others wait for it. Under `--dist loadgroup` a module's ``xdist_group`` runs on
+    one worker (tests/conftest.py), so none waits; other modes still build it once."""
     import fcntl
 
     shared = shared_folder(tmp_path_factory)

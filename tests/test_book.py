@@ -17,10 +17,14 @@ from . import browser
 from .conftest import SLUGS
 from .test_release_safety import secret_lines
 
+pytestmark = pytest.mark.xdist_group(name="book")  # one worker builds the site
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site's HTML folder, built once per test session: pytest-xdist's workers share it, and
-    the first to ask builds it while the others wait (xdist_group does not group under pytest 9.2)."""
+    the first to ask builds it while the others wait (under `--dist loadgroup` the module's
+    xdist_group keeps its tests on one worker, so none waits)."""
     base = tmp_path_factory.getbasetemp()
     out = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "book"
     out.mkdir(exist_ok=True)

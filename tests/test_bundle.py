@@ -16,6 +16,8 @@ from coursebuild import bundle, execute, paths
 
 from .test_release_safety import secret_lines
 
+pytestmark = pytest.mark.xdist_group(name="bundle")  # its bundles are built once, on one worker
+
 UPTO, DUE, NOT_DUE = "02_embeddings", ["00_history", "01_tokenization"], "02_embeddings"
 
 

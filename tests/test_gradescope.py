@@ -14,7 +14,7 @@ from coursebuild import gradescope, paths
 from .test_bundle import with_answers
 
 SLUG = "00_history"
-pytestmark = pytest.mark.grading
+pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="gradescope")]
 
 
 @pytest.fixture(scope="module")

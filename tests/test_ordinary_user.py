@@ -29,7 +29,7 @@ from .test_gradescope import CONTAINER_ROOT
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 4096  # the user's hard limit on processes: finite, as on a learner's machine
-pytestmark = pytest.mark.grading
+pytestmark = [pytest.mark.grading, pytest.mark.xdist_group(name="ordinary-user")]  # one user, one install
 
 
 def _system_python() -> str | None:

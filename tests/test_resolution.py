@@ -15,8 +15,8 @@ It needs PyPI. Where PyPI cannot be reached it is skipped and says so, except un
 CI=true, where that is a failure. The eight resolves of the test extra run at once, with
 uv's own cache, then the learner's eight from what those fetched (``--offline``): about 25 s
 on two busy cores. Under pytest-xdist the first worker to ask runs them and writes what it
-got to a folder all workers share; the others wait for it and read that (xdist_group does
-not group under pytest 9.2; tests/conftest.py, grading_root).
+got to a folder all workers share; the others wait for it and read that (tests/conftest.py,
+grading_root).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name
 
 from coursebuild import constraints
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.xdist_group(name="resolution")]
 
 PYTHONS = constraints.python_bounds()
 CASES = [(target, python) for target in constraints.TARGETS for python in PYTHONS]

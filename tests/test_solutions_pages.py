@@ -8,6 +8,8 @@ from coursebuild import paths, solutions
 
 from . import browser
 
+pytestmark = pytest.mark.xdist_group(name="solutions-pages")  # one worker builds the pages
+
 SLUGS = ["04_attention", "12_lora"]
 
 

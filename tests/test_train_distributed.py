@@ -14,6 +14,8 @@ from minillm.model import GPT, GPTConfig
 from minillm.batches import BatchSampler
 from minillm.train import TrainConfig, TrainState, held_out_loss, train
 
+pytestmark = pytest.mark.xdist_group(name="ddp")  # its two-process runs happen once, on one worker
+
 WORLD_SIZE = 2
 TINY = dict(vocab_size=23, context_length=8, d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.1)
 RUN = TrainConfig(steps=6, warmup_steps=1, eval_every=3, checkpoint_every=2)
