@@ -62,7 +62,8 @@ class LoRALinear(nn.Module):
     while training. x: (..., in_features) → (..., out_features).
 
     ``merge()`` adds the update into ``base.weight`` (the layer then costs what a plain
-    Linear costs), ``unmerge()`` takes it out again.
+    Linear costs) and keeps the weight it replaced, so ``unmerge()`` restores the base bit
+    for bit (a copy of the adapted weight is held while merged).
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
@@ -79,7 +80,13 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, **factory))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw
         self.dropout = nn.Dropout(dropout)
-        self.merged = False
+        # while merged, the base weight as it was: unmerge restores it bit for bit (W + BA - BA
+        # is W only up to rounding, and an adapter file names its base by exact bytes)
+        self.register_buffer("unmerged_weight", None, persistent=False)
+
+    @property
+    def merged(self) -> bool:
+        return self.unmerged_weight is not None
 
     @property
     def scaling(self) -> float:
@@ -99,16 +106,16 @@ class LoRALinear(nn.Module):
         """Fold the update into ``base.weight`` (``merge_weight``); ``ValueError`` when merged already."""
         if self.merged:
             raise ValueError("this LoRALinear is merged already")
+        self.unmerged_weight = self.base.weight.detach().clone()
         self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha))
-        self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Take the update out of ``base.weight`` again; ``ValueError`` when not merged."""
+        """Restore ``base.weight`` as it was before ``merge``, bit for bit; ``ValueError`` when not merged."""
         if not self.merged:
             raise ValueError("this LoRALinear is not merged")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, -self.lora_B, self.alpha))
-        self.merged = False
+        self.base.weight.copy_(self.unmerged_weight)
+        self.unmerged_weight = None
 
 
 def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -239,7 +246,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def unmerge_lora(model: nn.Module) -> nn.Module:
     """Take every adapter out of its base weight again (``LoRALinear.unmerge``); returns the model.
 
-    The base weights come back up to float rounding. ``ValueError`` when the model has no
+    The base weights come back bit for bit (each layer kept them). ``ValueError`` when the model has no
     adapters, or they are not merged.
     """
     layers = _unmerged_state(model, merged=True)

@@ -297,3 +297,18 @@ def test_dropout_touches_the_update_only():
     torch.testing.assert_close(layer(x), base(x) + lora.lora_update(x, layer.lora_A, layer.lora_B, 2.0))
 
 
+
+
+def test_merge_then_unmerge_keeps_the_checkpoint_loadable_on_the_original_base(tmp_path):
+    """Unmerge must restore the base bit for bit: the adapter file names its base by exact bytes."""
+    original = small_gpt(0)
+    model = trained_adapters(lora.apply_lora(small_gpt(0), r=4, alpha=8.0, targets=("all",)))
+    bases = {name: layer.base.weight.clone() for name, layer in lora.lora_layers(model).items()}
+    lora.unmerge_lora(lora.merge_lora(model))
+    for name, layer in lora.lora_layers(model).items():
+        assert torch.equal(layer.base.weight, bases[name]), name
+    path = tmp_path / "adapters.pt"
+    lora.save_lora(path, model, ("all",))
+    restored = lora.load_lora(path, original)
+    x = ids()
+    torch.testing.assert_close(restored(x)[0], model(x)[0], atol=0, rtol=0)

@@ -232,7 +232,8 @@ class LoRALinear(nn.Module):
     while training. x: (..., in_features) → (..., out_features).
 
     ``merge()`` adds the update into ``base.weight`` (the layer then costs what a plain
-    Linear costs), ``unmerge()`` takes it out again.
+    Linear costs) and keeps the weight it replaced, so ``unmerge()`` restores the base bit
+    for bit (a copy of the adapted weight is held while merged).
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
@@ -249,7 +250,13 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, **factory))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw
         self.dropout = nn.Dropout(dropout)
-        self.merged = False
+        # while merged, the base weight as it was: unmerge restores it bit for bit (W + BA - BA
+        # is W only up to rounding, and an adapter file names its base by exact bytes)
+        self.register_buffer("unmerged_weight", None, persistent=False)
+
+    @property
+    def merged(self) -> bool:
+        return self.unmerged_weight is not None
 
     @property
     def scaling(self) -> float:
@@ -269,16 +276,16 @@ class LoRALinear(nn.Module):
         """Fold the update into ``base.weight`` (``merge_weight``); ``ValueError`` when merged already."""
         if self.merged:
             raise ValueError("this LoRALinear is merged already")
+        self.unmerged_weight = self.base.weight.detach().clone()
         self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha))
-        self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Take the update out of ``base.weight`` again; ``ValueError`` when not merged."""
+        """Restore ``base.weight`` as it was before ``merge``, bit for bit; ``ValueError`` when not merged."""
         if not self.merged:
             raise ValueError("this LoRALinear is not merged")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, -self.lora_B, self.alpha))
-        self.merged = False
+        self.base.weight.copy_(self.unmerged_weight)
+        self.unmerged_weight = None
 
 # %%
 torch.manual_seed(0)
@@ -323,8 +330,8 @@ print(f"{sum(p.numel() for p in layer.parameters() if p.requires_grad):,} traina
 # $$W' = W + \frac{\alpha}{r} B A.$$
 #
 # The merged layer is a plain `nn.Linear` again, so the fine-tuned model costs exactly
-# what the base costs at inference: no extra matrix products, no latency. Keeping $A$ and
-# $B$ lets us *unmerge* too, $W = W' - \frac{\alpha}{r} B A$, to switch the adapter off or
+# what the base costs at inference: no extra matrix products, no latency. Keeping $W$ aside
+# lets us *unmerge* too, back to $W$ exactly, to switch the adapter off or
 # swap in another one (one base model in memory, many small adapters).
 #
 # ### Exercise 2 · Merge
@@ -423,8 +430,10 @@ weight_merge = course.keep_going("merge_weight", merge_weight, reference_lora.me
 
 # %% [markdown]
 # `LoRALinear.merge` copies `merge_weight`'s result into its base and from then on skips
-# the adapter; `unmerge` merges $-B$, which takes the update out again. Merged and
-# unmerged layers agree to float rounding, and so does the weight after a round trip:
+# the adapter. `unmerge` could merge $-B$, but $(W + \Delta) - \Delta$ is $W$ only up to
+# rounding, and an adapter file names its base by the exact bytes of its weights (below).
+# So `merge` keeps the weight it replaces and `unmerge` copies it back. Merged and
+# unmerged layers agree to float rounding; the weight after a round trip is the original:
 
 # %%
 with torch.no_grad():
@@ -434,7 +443,8 @@ with torch.no_grad():
     merged = layer(inputs)
     layer.unmerge()
 print(f"merged against unmerged output: largest difference {(merged - unmerged).abs().max():.1e}")
-print(f"weight after merge and unmerge: largest difference {(linear.weight - original).abs().max():.1e}")
+print(f"weight after merge and unmerge: largest difference {(linear.weight - original).abs().max():.1e}, "
+      f"bit for bit the original: {torch.equal(linear.weight, original)}")
 
 # %% [markdown]
 # ## Choosing targets
@@ -578,7 +588,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def unmerge_lora(model: nn.Module) -> nn.Module:
     """Take every adapter out of its base weight again (``LoRALinear.unmerge``); returns the model.
 
-    The base weights come back up to float rounding. ``ValueError`` when the model has no
+    The base weights come back bit for bit (each layer kept them). ``ValueError`` when the model has no
     adapters, or they are not merged.
     """
     layers = _unmerged_state(model, merged=True)
