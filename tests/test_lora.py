@@ -294,7 +294,24 @@ def test_dropout_touches_the_update_only():
         layer.lora_B.normal_()
     assert not torch.equal(layer(x), layer(x))  # training: random
     layer.eval()
-    torch.testing.assert_close(layer(x), base(x) + lora.lora_update(x, layer.lora_A, layer.lora_B, 2.0))
+    naive = x @ base.weight.T + base.bias + (2.0 / 2) * x @ (layer.lora_B @ layer.lora_A).T  # the formula, product formed
+    torch.testing.assert_close(layer(x), naive)
+
+
+def test_adapted_model_matches_peft():
+    """The same factors in peft's LoRA layers give the same logits (an implementation this project did not write)."""
+    peft = pytest.importorskip("peft")
+    ours = trained_adapters(lora.apply_lora(small_gpt(), r=4, alpha=8.0, targets=("q", "v", "w2")))
+    theirs = peft.inject_adapter_in_model(peft.LoraConfig(r=4, lora_alpha=8.0, target_modules=["q", "v", "w2"]),
+                                          small_gpt())
+    with torch.no_grad():
+        for name, layer in lora.lora_layers(ours).items():
+            twin = theirs.get_submodule(name)
+            twin.lora_A["default"].weight.copy_(layer.lora_A)
+            twin.lora_B["default"].weight.copy_(layer.lora_B)
+    x = ids()
+    assert torch.count_nonzero(ours(x)[0] - small_gpt()(x)[0])  # the adapters do change the model
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], atol=1e-6, rtol=1e-5)
 
 
 
