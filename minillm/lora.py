@@ -131,7 +131,7 @@ def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tenso
         raise ValueError(f"weight must have shape (out_features, in_features) = "
                          f"{(lora_B.shape[0], lora_A.shape[1])}, got {tuple(weight.shape)}")
     r = lora_A.shape[0]
-    return weight + (alpha / r) * (lora_B @ lora_A)
+    return (weight + (alpha / r) * (lora_B @ lora_A)).to(weight.dtype)  # factors may be wider than the weight
 
 
 ROLES = {

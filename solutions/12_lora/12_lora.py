@@ -165,6 +165,8 @@ def check_lora_update(lora_update):
         "no scale at all: multiply by alpha / r": expected / 3,
         "the scale is r / alpha, upside down": expected / 9,
         "the scale is 1 / r (alpha left out)": expected / 6,
+        "r read from lora_B.shape[0], which is out_features: the rank is lora_A.shape[0]": expected * 2 / 4,
+        "r read from lora_A.shape[1], which is in_features: the rank is lora_A.shape[0]": expected * 2 / 5,
     }, hint="(alpha / r) * ((x @ lora_A.T) @ lora_B.T) with r = lora_A.shape[0]")
     if got.dtype != x.dtype:
         raise course.CheckFailed(f"lora_update returned {got.dtype} for {x.dtype} inputs: keep x's dtype")
@@ -203,6 +205,16 @@ for bad, what, args in [("lora_B", "lora_update with a badly shaped lora_B", (to
                         ("lora_A", "lora_update with a badly shaped lora_A", (torch.randn(2, 6), torch.randn(6), torch.randn(4, 2), 1.0)),
                         ("x", "lora_update with a badly shaped x", (torch.randn(2, 5), torch.randn(2, 6), torch.randn(4, 2), 1.0))]:
     course.expect_raises(ValueError, lora_update, *args, match=bad, what=what)
+# the text forbids forming the (out, in) product B A: with factors near 1e20 their product overflows
+# float32, while x A^T (inputs near 1e-20) stays moderate, so only x A^T first gives a finite answer
+signs = lambda *shape: torch.where(torch.rand(*shape) < 0.5, -1.0, 1.0)  # noqa: E731
+x = 1e-20 * (1 + torch.rand(3, 6)) * signs(3, 6)
+A, B = 1e20 * (1 + torch.rand(2, 6)) * signs(2, 6), 1e20 * (1 + torch.rand(5, 2)) * signs(5, 2)
+got = lora_update(x, A, B, 2.0)
+assert isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all()), \
+    "lora_update must multiply x by lora_A.T first: the product lora_B @ lora_A must never be formed"
+course.expect_close(got.double(), (x.double() @ A.double().T) @ B.double().T, "lora_update with large factors",
+                    atol=1e17, rtol=1e-3)
 ### END HIDDEN TESTS
 
 # %%
@@ -340,12 +352,15 @@ print(f"{sum(p.numel() for p in layer.parameters() if p.requires_grad):,} traina
 # that computes what the LoRA layer computes, $W + \frac{\alpha}{r} B A$, as a new tensor
 # (`weight` itself must not change: the layer copies the result into its base). Raise a
 # `ValueError` naming `weight` when its shape is not `(out_features, in_features)` of the
-# adapter, and one naming `lora_A` or `lora_B` when those two do not fit together.
+# adapter, and one naming `lora_A` or `lora_B` when those two do not fit together. The result
+# is in `weight`'s dtype even when the factors are kept in a wider one (a bfloat16 base with
+# float32 adapters): it is copied into the base.
 #
 # Difficulty ●○○ · Importance ●●○ · about 6 minutes
 #
 # <details><summary>Hint 1</summary><code>lora_B @ lora_A</code> has shape <code>(out_features, in_features)</code>, the weight's shape.</details>
 # <details><summary>Hint 2</summary><code>weight += ...</code> changes the caller's tensor; <code>weight + ...</code> makes a new one.</details>
+# <details><summary>Hint 3</summary>A bfloat16 weight plus a float32 product is float32: <code>.to(weight.dtype)</code> at the end.</details>
 
 # %%
 #| answer merge_weight
@@ -364,7 +379,7 @@ def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tenso
         raise ValueError(f"weight must have shape (out_features, in_features) = "
                          f"{(lora_B.shape[0], lora_A.shape[1])}, got {tuple(weight.shape)}")
     r = lora_A.shape[0]
-    return weight + (alpha / r) * (lora_B @ lora_A)
+    return (weight + (alpha / r) * (lora_B @ lora_A)).to(weight.dtype)  # factors may be wider than the weight
     ### END SOLUTION
 
 # %%
@@ -388,6 +403,7 @@ def check_merge_weight(merge_weight):
         "the scale is missing": weight + lora_B @ lora_A,
         "the weight is left out: that is the update alone, B A times the scale": 3.0 * lora_B @ lora_A,
         "subtracted instead of added (that is unmerging)": weight - 3.0 * lora_B @ lora_A,
+        "r read from lora_B.shape[0], which is out_features: the rank is lora_A.shape[0]": weight + 1.5 * lora_B @ lora_A,
     })
     course.expect_close(x @ merged.T, x @ weight.T + 3.0 * (x @ lora_A.T) @ lora_B.T,
                         "a Linear with the merged weight against the base plus the adapter")
@@ -423,6 +439,13 @@ for bad, what, args in [("weight", "merge_weight with a badly shaped weight", (t
                         ("weight", "merge_weight with a badly shaped weight", (torch.randn(3, 5), torch.randn(2, 5), torch.randn(4, 2), 1.0)),
                         ("lora_", "merge_weight with lora_A and lora_B of different ranks", (torch.randn(4, 5), torch.randn(2, 5), torch.randn(4, 3), 1.0))]:
     course.expect_raises(ValueError, merge_weight, *args, match=bad, what=what)
+# the result is in the weight's dtype when the factors are wider (a half-precision base, float32 adapters)
+for w_dtype, f_dtype in [(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.float32, torch.float64)]:
+    W, A, B = torch.randn(6, 5, dtype=w_dtype), torch.randn(2, 5, dtype=f_dtype), torch.randn(6, 2, dtype=f_dtype)
+    got = merge_weight(W, A, B, 4.0)
+    assert isinstance(got, torch.Tensor) and got.dtype == w_dtype, "merge_weight must return a tensor in the weight's dtype"
+    course.expect_close(got.double(), W.double() + 2.0 * (B.double() @ A.double()), "merge_weight with wider factors",
+                        atol=0.1, rtol=0.02)
 ### END HIDDEN TESTS
 
 # %%
@@ -681,11 +704,15 @@ def check_lora_parameter_count(lora_parameter_count):
             model = reference_lora.apply_lora(GPT(config), r, 1.0, targets)
         expected = sum(p.numel() for p in model.parameters() if p.requires_grad)
         a_only = sum(layer.lora_A.numel() for layer in reference_lora.lora_layers(model).values())
+        kv_rows = sum(config.d_model - config.n_kv_heads * config.head_dim for role in targets if role in ("k", "v"))
+        no_gqa = expected + config.n_layers * r * kv_rows  # k and v sized as d_model → d_model
         course.expect_equal(lora_parameter_count(config, r, targets), expected,
                             f"lora_parameter_count(d_model={config.d_model}, n_kv_heads={config.n_kv_heads}, "
                             f"d_ff={config.d_ff}, n_layers={config.n_layers}, r={r}, targets={targets})",
                             mistakes={"the count of one block: multiply by config.n_layers": expected // config.n_layers,
-                                      "r * d_in only: lora_B's (d_out, r) numbers are missing": a_only})
+                                      "r * d_in only: lora_B's (d_out, r) numbers are missing": a_only,
+                                      "k and v sized d_model → d_model: with grouped-query attention they map to "
+                                      "n_kv_heads * head_dim": no_gqa})
     course.expect_raises(ValueError, lora_parameter_count, gqa, 2, ("q", "w3"), match="targets",
                          what="lora_parameter_count with w3 on a GELU network (it has no third matrix)")
     course.expect_raises(ValueError, lora_parameter_count, gqa, 2, ("query",), match="targets",
