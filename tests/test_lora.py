@@ -165,13 +165,50 @@ def test_target_errors():
         lora.apply_lora(small_gpt(), r=0, alpha=1.0)
 
 
-def test_fused_model_refuses_q_k_v_and_names_the_way_out():
-    fused = small_gpt(fused_qkv=True)
-    with pytest.raises(ValueError, match=r"fused_qkv=False.*unfuse_qkv"):
-        lora.apply_lora(fused, r=2, alpha=2.0, targets=("q", "v"))
-    assert not lora.lora_layers(fused) and all(p.requires_grad for p in fused.parameters())  # left as it was
-    lora.apply_lora(fused, r=2, alpha=2.0, targets=("o", "ffn"))  # the other roles need no unfusing
-    assert len(lora.lora_layers(fused)) == 2 * 4
+def test_defaults_adapt_the_q_and_v_rows_of_a_fused_projection():
+    """A default GPT fuses Q/K/V; apply_lora's defaults adapt the q and v blocks of that Linear:
+    W x + (alpha / r) B A x on the q rows and on the v rows, each with its own A and B, k untouched."""
+    model = small_gpt(fused_qkv=True, n_kv_heads=2, bias=True)  # GQA: k and v are 16 wide, q 32
+    base = model.blocks[0].attn.qkv
+    lora.apply_lora(model, r=3, alpha=6.0)
+    trained_adapters(model)
+    layer = model.blocks[0].attn.qkv
+    assert isinstance(layer, lora.FusedLoRALinear) and layer.rows == {"q": (0, 32), "v": (48, 64)}
+    assert layer.lora_A.shape == (2 * 3, 32) and layer.lora_B.shape == (32 + 16, 3)
+    x = torch.randn(2, 5, 32)
+    A_q, A_v, B_q, B_v = layer.lora_A[:3], layer.lora_A[3:], layer.lora_B[:32], layer.lora_B[32:]
+    plain = x @ base.weight.T + base.bias
+    expected = torch.cat([plain[..., :32] + 2.0 * x @ (B_q @ A_q).T, plain[..., 32:48],
+                          plain[..., 48:] + 2.0 * x @ (B_v @ A_v).T], dim=-1)
+    torch.testing.assert_close(layer(x), expected)
+    assert lora.trainable_parameters(model) == lora.lora_parameter_count(model.config, 3)
+    with pytest.raises(ValueError, match="rows"):
+        lora.FusedLoRALinear(nn.Linear(4, 6), 1, 1.0, rows={"q": (0, 4), "k": (3, 6)})
+
+
+def test_fused_adapters_equal_the_same_adapters_on_the_unfused_model(tmp_path):
+    fused = trained_adapters(lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0))
+    unfused = lora.apply_lora(lora.unfuse_qkv(small_gpt(fused_qkv=True, n_kv_heads=2)), r=2, alpha=4.0)
+    with torch.no_grad():
+        for i, block in enumerate(fused.blocks):
+            qkv, attention = block.attn.qkv, unfused.blocks[i].attn
+            (_, _, A_q, B_q), (_, _, A_v, B_v) = qkv.blocks()
+            attention.q.lora_A.copy_(A_q), attention.q.lora_B.copy_(B_q)
+            attention.v.lora_A.copy_(A_v), attention.v.lora_B.copy_(B_v)
+    x = ids()
+    adapted = fused(x)[0]
+    torch.testing.assert_close(adapted, unfused(x)[0], atol=1e-5, rtol=1e-5)
+    bases = {name: layer.base.weight.clone() for name, layer in lora.lora_layers(fused).items()}
+    lora.merge_lora(fused)
+    torch.testing.assert_close(fused(x)[0], adapted, atol=1e-5, rtol=1e-5)
+    lora.unmerge_lora(fused)
+    assert all(torch.equal(layer.base.weight, bases[name]) for name, layer in lora.lora_layers(fused).items())
+    path = tmp_path / "fused.pt"
+    lora.save_lora(path, fused, ("q", "v"))
+    restored = lora.load_lora(path, small_gpt(fused_qkv=True, n_kv_heads=2))
+    torch.testing.assert_close(restored(x)[0], adapted, atol=0, rtol=0)
+    with pytest.raises(CheckpointError, match="r=2"):
+        lora.load_lora(path, lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0, targets="k"))
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, bias=True, positions="learned")])
