@@ -9,8 +9,10 @@
 - ``apply_lora(model, r, alpha, targets=("q", "v"))``: wraps the linear maps of a model by
   role (``ROLES``), freezes everything else; ``merge_lora`` / ``unmerge_lora``;
   ``lora_parameter_count(config, r, targets)``, the parameters it adds.
+- ``FusedLoRALinear``: adapters on row blocks of a fused Q/K/V Linear (the q and v of a
+  default GPT), which ``apply_lora`` uses there.
 - ``unfuse_qkv(model)``: a copy of a GPT whose fused Q/K/V projection is split into ``q``,
-  ``k``, ``v`` (same function, same logits), so that LoRA can target them one by one.
+  ``k``, ``v`` (same function, same logits).
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
 
@@ -62,7 +64,8 @@ class LoRALinear(nn.Module):
     while training. x: (..., in_features) → (..., out_features).
 
     ``merge()`` adds the update into ``base.weight`` (the layer then costs what a plain
-    Linear costs), ``unmerge()`` takes it out again.
+    Linear costs) and keeps the weight it replaced, so ``unmerge()`` restores the base bit
+    for bit (a copy of the adapted weight is held while merged).
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
@@ -79,7 +82,13 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, **factory))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw
         self.dropout = nn.Dropout(dropout)
-        self.merged = False
+        # while merged, the base weight as it was: unmerge restores it bit for bit (W + BA - BA
+        # is W only up to rounding, and an adapter file names its base by exact bytes)
+        self.register_buffer("unmerged_weight", None, persistent=False)
+
+    @property
+    def merged(self) -> bool:
+        return self.unmerged_weight is not None
 
     @property
     def scaling(self) -> float:
@@ -99,16 +108,20 @@ class LoRALinear(nn.Module):
         """Fold the update into ``base.weight`` (``merge_weight``); ``ValueError`` when merged already."""
         if self.merged:
             raise ValueError("this LoRALinear is merged already")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha))
-        self.merged = True
+        self.unmerged_weight = self.base.weight.detach().clone()
+        self.base.weight.copy_(self.merged_weight())
+
+    def merged_weight(self) -> torch.Tensor:
+        """The (out_features, in_features) weight of a plain Linear equal to this layer."""
+        return merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha)
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Take the update out of ``base.weight`` again; ``ValueError`` when not merged."""
+        """Restore ``base.weight`` as it was before ``merge``, bit for bit; ``ValueError`` when not merged."""
         if not self.merged:
             raise ValueError("this LoRALinear is not merged")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, -self.lora_B, self.alpha))
-        self.merged = False
+        self.base.weight.copy_(self.unmerged_weight)
+        self.unmerged_weight = None
 
 
 def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -124,7 +137,7 @@ def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tenso
         raise ValueError(f"weight must have shape (out_features, in_features) = "
                          f"{(lora_B.shape[0], lora_A.shape[1])}, got {tuple(weight.shape)}")
     r = lora_A.shape[0]
-    return weight + (alpha / r) * (lora_B @ lora_A)
+    return (weight + (alpha / r) * (lora_B @ lora_A)).to(weight.dtype)  # factors may be wider than the weight
 
 
 ROLES = {
@@ -138,15 +151,24 @@ ROLES = {
 }
 """The roles a LoRA target names, and what each is. ``GROUPS`` names sets of them."""
 GROUPS = {"attention": ("q", "k", "v", "o"), "ffn": ("w1", "w2", "w3"), "all": tuple(ROLES)}
-_ATTENTION_NAMES = {"q": "q", "k": "k", "v": "v", "out": "o"}
+_ATTENTION_NAMES = {"q": ("q",), "k": ("k",), "v": ("v",), "out": ("o",), "qkv": ("q", "k", "v")}
 
 
-def _role(parent: nn.Module, name: str) -> str | None:
+def _roles(parent: nn.Module, name: str) -> tuple[str, ...]:
+    """The roles that the child ``name`` of ``parent`` computes (a fused ``qkv``: three)."""
     if isinstance(parent, MultiHeadAttention):
-        return _ATTENTION_NAMES.get(name)
+        return _ATTENTION_NAMES.get(name, ())
     if isinstance(parent, (FeedForward, SwiGLU)) and name in GROUPS["ffn"]:
-        return name
-    return None
+        return (name,)
+    return ()
+
+
+def qkv_rows(attention: MultiHeadAttention, roles) -> dict[str, tuple[int, int]]:
+    """The output rows (start, stop) of each of ``roles`` in a fused ``qkv`` weight, [W_Q; W_K; W_V]:
+    q has d_model rows, k and v n_kv_heads * head_dim each (fewer with grouped-query attention)."""
+    d, kv = attention.d_model, attention.n_kv_heads * attention.head_dim
+    rows = {"q": (0, d), "k": (d, d + kv), "v": (d + kv, d + 2 * kv)}
+    return {role: rows[role] for role in roles}
 
 
 def _target_names(targets) -> tuple[str, ...]:
@@ -170,10 +192,10 @@ def lora_targets(model: nn.Module, targets=("q", "v")) -> list[tuple[str, str]]:
     """The (module name, role) of every ``nn.Linear`` of ``model`` that ``apply_lora`` wraps.
 
     targets: a role of ``ROLES``, a group of ``GROUPS`` ("attention", "ffn", "all": the
-    roles of the group that the model has), or a sequence of them. ``ValueError`` for an
-    unknown name, for a role named on its own that the model lacks (w3 in a GELU network),
-    and for q, k or v in a model whose attention is fused: its one ``qkv`` Linear computes
-    all three (build it with ``GPTConfig(fused_qkv=False)`` or convert it with ``unfuse_qkv``).
+    roles of the group that the model has), or a sequence of them. In a model whose attention
+    is fused, q, k and v name the one ``qkv`` Linear, once per role (``apply_lora`` adapts
+    their row blocks). ``ValueError`` for an unknown name, and for a role named on its own
+    that the model lacks (w3 in a GELU network).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -182,20 +204,67 @@ def lora_targets(model: nn.Module, targets=("q", "v")) -> list[tuple[str, str]]:
     wanted = required.union(*(GROUPS[name] for name in names if name in GROUPS))
     found, seen = [], set()
     for parent_name, parent in model.named_modules():
-        if isinstance(parent, MultiHeadAttention) and parent.fused_qkv and wanted & {"q", "k", "v"}:
-            raise ValueError(f"{parent_name or 'model'} computes q, k and v with one fused Linear (fused_qkv=True), so "
-                             f"targets {sorted(wanted & {'q', 'k', 'v'})} cannot be wrapped alone: build the model "
-                             f"with GPTConfig(fused_qkv=False), or convert it with minillm.lora.unfuse_qkv(model)")
         for name, child in parent.named_children():
-            role = _role(parent, name)
-            if role in wanted and isinstance(child, (nn.Linear, LoRALinear)):
-                found.append((f"{parent_name}.{name}" if parent_name else name, role))
-                seen.add(role)
+            if not isinstance(child, (nn.Linear, LoRALinear)):
+                continue
+            for role in _roles(parent, name):
+                if role in wanted:
+                    found.append((f"{parent_name}.{name}" if parent_name else name, role))
+                    seen.add(role)
     missing = sorted(required - seen)
     if missing or not found:
         raise ValueError(f"targets {missing or list(names)} match no layer of this model "
                          f"(it has {sorted(seen) or 'none of them'})")
     return found
+
+
+class FusedLoRALinear(LoRALinear):
+    """LoRA on row blocks of one fused Linear, as loralib's ``MergedLinear``: each block gets
+    its own rank-r adapter, the other rows none (the q and v of a fused Q/K/V projection).
+
+    rows: {role: (start, stop)}, output rows of ``base``, not overlapping. lora_A stacks the
+    blocks' A, (n_blocks r, in_features); lora_B stacks their B, (rows adapted, r); so the
+    parameters are those of one adapter per block. x: (..., in_features) → (..., out_features).
+    """
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, *, rows: dict):
+        super().__init__(base, r, alpha, dropout)
+        spans = sorted(rows.values())
+        if not spans or any(not 0 <= start < stop <= base.out_features for start, stop in spans) or any(
+                stop > start for (_, stop), (start, _) in zip(spans, spans[1:])):
+            raise ValueError(f"rows must map roles to (start, stop) output rows of base within "
+                             f"[0, {base.out_features}], not overlapping, got {rows!r}")
+        self.rows = dict(sorted(rows.items(), key=lambda item: item[1]))
+        factory = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(len(spans) * r, base.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(sum(stop - start for start, stop in spans), r, **factory))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rows={self.rows}"
+
+    def blocks(self):
+        """(start, stop, A (r, in_features), B (stop - start, r)) of each adapted block, in row order."""
+        at = 0
+        for i, (start, stop) in enumerate(self.rows.values()):
+            yield start, stop, self.lora_A[i * self.r:(i + 1) * self.r], self.lora_B[at:at + stop - start]
+            at += stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if self.merged:
+            return y
+        x, pieces, at = self.dropout(x), [], 0
+        for start, stop, lora_A, lora_B in self.blocks():
+            pieces += [y[..., at:start], y[..., start:stop] + lora_update(x, lora_A, lora_B, self.alpha)]
+            at = stop
+        return torch.cat(pieces + [y[..., at:]], dim=-1)
+
+    def merged_weight(self) -> torch.Tensor:
+        weight = self.base.weight.clone()
+        for start, stop, lora_A, lora_B in self.blocks():
+            weight[start:stop] = merge_weight(weight[start:stop], lora_A, lora_B, self.alpha)
+        return weight
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -207,7 +276,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, targets=("q", "v"), dropo
     """Freeze ``model`` and wrap the linear maps of ``targets`` in ``LoRALinear`` (in place); returns it.
 
     targets: as ``lora_targets`` takes them. After the call, only the adapters' lora_A and
-    lora_B train; the model's output is unchanged until they do (B starts at zero).
+    lora_B train; the model's output is unchanged until they do (B starts at zero). A fused
+    ``qkv`` Linear becomes a ``FusedLoRALinear`` with one adapter per targeted block (q and v
+    by default; k's rows stay untouched), so the defaults work on a default GPT.
     ``ValueError`` when the model has adapters already (``lora_layers``).
     """
     positive_int("r", r)
@@ -215,12 +286,19 @@ def apply_lora(model: nn.Module, r: int, alpha: float, targets=("q", "v"), dropo
     probability("dropout", dropout)
     if lora_layers(model):
         raise ValueError("model has LoRA adapters already: apply_lora wraps a model once")
-    chosen = lora_targets(model, targets)
+    roles = {}
+    for name, role in lora_targets(model, targets):
+        roles.setdefault(name, []).append(role)
     model.requires_grad_(False)
-    for name, _ in chosen:
+    for name, these in roles.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
+        base = getattr(parent, child)
+        if child == "qkv" and isinstance(parent, MultiHeadAttention):
+            layer = FusedLoRALinear(base, r, alpha, dropout, rows=qkv_rows(parent, these))
+        else:
+            layer = LoRALinear(base, r, alpha, dropout)
+        setattr(parent, child, layer)
     return model
 
 
@@ -239,7 +317,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def unmerge_lora(model: nn.Module) -> nn.Module:
     """Take every adapter out of its base weight again (``LoRALinear.unmerge``); returns the model.
 
-    The base weights come back up to float rounding. ``ValueError`` when the model has no
+    The base weights come back bit for bit (each layer kept them). ``ValueError`` when the model has no
     adapters, or they are not merged.
     """
     layers = _unmerged_state(model, merged=True)
@@ -265,7 +343,7 @@ def lora_parameter_count(config: GPTConfig, r: int, targets=("q", "v")) -> int:
     r (in_features + out_features): lora_A (r, in) and lora_B (out, r). Per block: q and o
     map d_model → d_model; k and v d_model → n_kv_heads head_dim; w1 (and w3, SwiGLU's
     only) d_model → d_ff; w2 d_ff → d_model. ``ValueError`` as ``lora_targets`` raises it
-    (the q, k, v of a fused model aside: the count is that of the unfused model).
+    (a fused Q/K/V projection gets the same count: one adapter per block).
     """
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -352,7 +430,7 @@ def save_lora(path, model: nn.Module, targets) -> None:
     base model the same way. ``ValueError`` without adapters, or with merged ones.
     """
     layers = _unmerged_state(model, merged=False)
-    names = [name for name, _ in lora_targets(model, targets)]
+    names = {name for name, _ in lora_targets(model, targets)}
     if sorted(names) != sorted(layers):
         raise ValueError(f"targets {targets!r} do not name the adapted layers of this model")
     first = next(iter(layers.values()))
@@ -388,7 +466,8 @@ def load_lora(path, model: GPT) -> GPT:
         apply_lora(model, spec["r"], spec["alpha"], spec["targets"], spec["dropout"])
     layers = lora_layers(model)
     if sorted(layers) != spec["modules"] or any(
-            (layer.r, layer.alpha) != (spec["r"], spec["alpha"]) for layer in layers.values()):
+            (layer.r, layer.alpha) != (spec["r"], spec["alpha"]) or layer.lora_A.shape != saved["adapters"][f"{name}.lora_A"].shape
+            or layer.lora_B.shape != saved["adapters"][f"{name}.lora_B"].shape for name, layer in layers.items()):
         raise CheckpointError(f"checkpoint {str(path)!r} holds adapters of r={spec['r']}, alpha={spec['alpha']} on "
                               f"{spec['modules']}, which the model's adapters are not")
     with torch.no_grad():

@@ -165,13 +165,50 @@ def test_target_errors():
         lora.apply_lora(small_gpt(), r=0, alpha=1.0)
 
 
-def test_fused_model_refuses_q_k_v_and_names_the_way_out():
-    fused = small_gpt(fused_qkv=True)
-    with pytest.raises(ValueError, match=r"fused_qkv=False.*unfuse_qkv"):
-        lora.apply_lora(fused, r=2, alpha=2.0, targets=("q", "v"))
-    assert not lora.lora_layers(fused) and all(p.requires_grad for p in fused.parameters())  # left as it was
-    lora.apply_lora(fused, r=2, alpha=2.0, targets=("o", "ffn"))  # the other roles need no unfusing
-    assert len(lora.lora_layers(fused)) == 2 * 4
+def test_defaults_adapt_the_q_and_v_rows_of_a_fused_projection():
+    """A default GPT fuses Q/K/V; apply_lora's defaults adapt the q and v blocks of that Linear:
+    W x + (alpha / r) B A x on the q rows and on the v rows, each with its own A and B, k untouched."""
+    model = small_gpt(fused_qkv=True, n_kv_heads=2, bias=True)  # GQA: k and v are 16 wide, q 32
+    base = model.blocks[0].attn.qkv
+    lora.apply_lora(model, r=3, alpha=6.0)
+    trained_adapters(model)
+    layer = model.blocks[0].attn.qkv
+    assert isinstance(layer, lora.FusedLoRALinear) and layer.rows == {"q": (0, 32), "v": (48, 64)}
+    assert layer.lora_A.shape == (2 * 3, 32) and layer.lora_B.shape == (32 + 16, 3)
+    x = torch.randn(2, 5, 32)
+    A_q, A_v, B_q, B_v = layer.lora_A[:3], layer.lora_A[3:], layer.lora_B[:32], layer.lora_B[32:]
+    plain = x @ base.weight.T + base.bias
+    expected = torch.cat([plain[..., :32] + 2.0 * x @ (B_q @ A_q).T, plain[..., 32:48],
+                          plain[..., 48:] + 2.0 * x @ (B_v @ A_v).T], dim=-1)
+    torch.testing.assert_close(layer(x), expected)
+    assert lora.trainable_parameters(model) == lora.lora_parameter_count(model.config, 3)
+    with pytest.raises(ValueError, match="rows"):
+        lora.FusedLoRALinear(nn.Linear(4, 6), 1, 1.0, rows={"q": (0, 4), "k": (3, 6)})
+
+
+def test_fused_adapters_equal_the_same_adapters_on_the_unfused_model(tmp_path):
+    fused = trained_adapters(lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0))
+    unfused = lora.apply_lora(lora.unfuse_qkv(small_gpt(fused_qkv=True, n_kv_heads=2)), r=2, alpha=4.0)
+    with torch.no_grad():
+        for i, block in enumerate(fused.blocks):
+            qkv, attention = block.attn.qkv, unfused.blocks[i].attn
+            (_, _, A_q, B_q), (_, _, A_v, B_v) = qkv.blocks()
+            attention.q.lora_A.copy_(A_q), attention.q.lora_B.copy_(B_q)
+            attention.v.lora_A.copy_(A_v), attention.v.lora_B.copy_(B_v)
+    x = ids()
+    adapted = fused(x)[0]
+    torch.testing.assert_close(adapted, unfused(x)[0], atol=1e-5, rtol=1e-5)
+    bases = {name: layer.base.weight.clone() for name, layer in lora.lora_layers(fused).items()}
+    lora.merge_lora(fused)
+    torch.testing.assert_close(fused(x)[0], adapted, atol=1e-5, rtol=1e-5)
+    lora.unmerge_lora(fused)
+    assert all(torch.equal(layer.base.weight, bases[name]) for name, layer in lora.lora_layers(fused).items())
+    path = tmp_path / "fused.pt"
+    lora.save_lora(path, fused, ("q", "v"))
+    restored = lora.load_lora(path, small_gpt(fused_qkv=True, n_kv_heads=2))
+    torch.testing.assert_close(restored(x)[0], adapted, atol=0, rtol=0)
+    with pytest.raises(CheckpointError, match="r=2"):
+        lora.load_lora(path, lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0, targets="k"))
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, bias=True, positions="learned")])
@@ -294,6 +331,54 @@ def test_dropout_touches_the_update_only():
         layer.lora_B.normal_()
     assert not torch.equal(layer(x), layer(x))  # training: random
     layer.eval()
-    torch.testing.assert_close(layer(x), base(x) + lora.lora_update(x, layer.lora_A, layer.lora_B, 2.0))
+    naive = x @ base.weight.T + base.bias + (2.0 / 2) * x @ (layer.lora_B @ layer.lora_A).T  # the formula, product formed
+    torch.testing.assert_close(layer(x), naive)
 
 
+def test_adapted_model_matches_peft():
+    """The same factors in peft's LoRA layers give the same logits (an implementation this project did not write)."""
+    peft = pytest.importorskip("peft")
+    ours = trained_adapters(lora.apply_lora(small_gpt(), r=4, alpha=8.0, targets=("q", "v", "w2")))
+    theirs = peft.inject_adapter_in_model(peft.LoraConfig(r=4, lora_alpha=8.0, target_modules=["q", "v", "w2"]),
+                                          small_gpt())
+    with torch.no_grad():
+        for name, layer in lora.lora_layers(ours).items():
+            twin = theirs.get_submodule(name)
+            twin.lora_A["default"].weight.copy_(layer.lora_A)
+            twin.lora_B["default"].weight.copy_(layer.lora_B)
+    x = ids()
+    assert torch.count_nonzero(ours(x)[0] - small_gpt()(x)[0])  # the adapters do change the model
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], atol=1e-6, rtol=1e-5)
+
+
+
+
+def test_merge_then_unmerge_keeps_the_checkpoint_loadable_on_the_original_base(tmp_path):
+    """Unmerge must restore the base bit for bit: the adapter file names its base by exact bytes."""
+    original = small_gpt(0)
+    model = trained_adapters(lora.apply_lora(small_gpt(0), r=4, alpha=8.0, targets=("all",)))
+    bases = {name: layer.base.weight.clone() for name, layer in lora.lora_layers(model).items()}
+    lora.unmerge_lora(lora.merge_lora(model))
+    for name, layer in lora.lora_layers(model).items():
+        assert torch.equal(layer.base.weight, bases[name]), name
+    path = tmp_path / "adapters.pt"
+    lora.save_lora(path, model, ("all",))
+    restored = lora.load_lora(path, original)
+    x = ids()
+    torch.testing.assert_close(restored(x)[0], model(x)[0], atol=0, rtol=0)
+
+
+def test_fused_defaults_match_peft_on_the_unfused_model():
+    """apply_lora's defaults on a fused GQA model against peft's q and v adapters, given the same factors."""
+    peft = pytest.importorskip("peft")
+    fused = trained_adapters(lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0))
+    theirs = peft.inject_adapter_in_model(peft.LoraConfig(r=2, lora_alpha=4.0, target_modules=["q", "v"]),
+                                          lora.unfuse_qkv(small_gpt(fused_qkv=True, n_kv_heads=2)))
+    with torch.no_grad():
+        for i, block in enumerate(fused.blocks):
+            for role, (_, _, lora_A, lora_B) in zip("qv", block.attn.qkv.blocks()):
+                twin = getattr(theirs.blocks[i].attn, role)
+                twin.lora_A["default"].weight.copy_(lora_A)
+                twin.lora_B["default"].weight.copy_(lora_B)
+    x = ids()
+    torch.testing.assert_close(fused(x)[0], theirs(x)[0], atol=1e-5, rtol=1e-5)

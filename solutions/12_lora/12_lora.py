@@ -11,8 +11,8 @@
 # - write a LoRA layer, $y = W x + \frac{\alpha}{r} B A x$, and say why $B$ starts at zero
 #   and why the update is divided by $r$;
 # - fold an adapter into its base weight and take it out again, exactly;
-# - count the parameters an adapter trains, choose which matrices to adapt, and say why a
-#   fused Q/K/V projection is in the way;
+# - count the parameters an adapter trains, choose which matrices to adapt, and adapt the
+#   q and v blocks of a fused Q/K/V projection;
 # - ship a fine-tune as a file of adapters that names its base model;
 # - measure LoRA against full fine-tuning on the same task: held-out loss, a task score,
 #   trainable parameters, optimizer memory, time per step, and what each forgets.
@@ -62,8 +62,10 @@ QUICK = course.QUICK
 - ``apply_lora(model, r, alpha, targets=("q", "v"))``: wraps the linear maps of a model by
   role (``ROLES``), freezes everything else; ``merge_lora`` / ``unmerge_lora``;
   ``lora_parameter_count(config, r, targets)``, the parameters it adds.
+- ``FusedLoRALinear``: adapters on row blocks of a fused Q/K/V Linear (the q and v of a
+  default GPT), which ``apply_lora`` uses there.
 - ``unfuse_qkv(model)``: a copy of a GPT whose fused Q/K/V projection is split into ``q``,
-  ``k``, ``v`` (same function, same logits), so that LoRA can target them one by one.
+  ``k``, ``v`` (same function, same logits).
 - ``save_lora`` / ``load_lora``: a checkpoint of the adapters alone, which names its base
   model by config and by a fingerprint of its weights (``base_fingerprint``).
 
@@ -165,6 +167,8 @@ def check_lora_update(lora_update):
         "no scale at all: multiply by alpha / r": expected / 3,
         "the scale is r / alpha, upside down": expected / 9,
         "the scale is 1 / r (alpha left out)": expected / 6,
+        "r read from lora_B.shape[0], which is out_features: the rank is lora_A.shape[0]": expected * 2 / 4,
+        "r read from lora_A.shape[1], which is in_features: the rank is lora_A.shape[0]": expected * 2 / 5,
     }, hint="(alpha / r) * ((x @ lora_A.T) @ lora_B.T) with r = lora_A.shape[0]")
     if got.dtype != x.dtype:
         raise course.CheckFailed(f"lora_update returned {got.dtype} for {x.dtype} inputs: keep x's dtype")
@@ -203,6 +207,16 @@ for bad, what, args in [("lora_B", "lora_update with a badly shaped lora_B", (to
                         ("lora_A", "lora_update with a badly shaped lora_A", (torch.randn(2, 6), torch.randn(6), torch.randn(4, 2), 1.0)),
                         ("x", "lora_update with a badly shaped x", (torch.randn(2, 5), torch.randn(2, 6), torch.randn(4, 2), 1.0))]:
     course.expect_raises(ValueError, lora_update, *args, match=bad, what=what)
+# the text forbids forming the (out, in) product B A: with factors near 1e20 their product overflows
+# float32, while x A^T (inputs near 1e-20) stays moderate, so only x A^T first gives a finite answer
+signs = lambda *shape: torch.where(torch.rand(*shape) < 0.5, -1.0, 1.0)  # noqa: E731
+x = 1e-20 * (1 + torch.rand(3, 6)) * signs(3, 6)
+A, B = 1e20 * (1 + torch.rand(2, 6)) * signs(2, 6), 1e20 * (1 + torch.rand(5, 2)) * signs(5, 2)
+got = lora_update(x, A, B, 2.0)
+assert isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all()), \
+    "lora_update must multiply x by lora_A.T first: the product lora_B @ lora_A must never be formed"
+course.expect_close(got.double(), (x.double() @ A.double().T) @ B.double().T, "lora_update with large factors",
+                    atol=1e17, rtol=1e-3)
 ### END HIDDEN TESTS
 
 # %%
@@ -232,7 +246,8 @@ class LoRALinear(nn.Module):
     while training. x: (..., in_features) → (..., out_features).
 
     ``merge()`` adds the update into ``base.weight`` (the layer then costs what a plain
-    Linear costs), ``unmerge()`` takes it out again.
+    Linear costs) and keeps the weight it replaced, so ``unmerge()`` restores the base bit
+    for bit (a copy of the adapted weight is held while merged).
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
@@ -249,7 +264,13 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, **factory))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw
         self.dropout = nn.Dropout(dropout)
-        self.merged = False
+        # while merged, the base weight as it was: unmerge restores it bit for bit (W + BA - BA
+        # is W only up to rounding, and an adapter file names its base by exact bytes)
+        self.register_buffer("unmerged_weight", None, persistent=False)
+
+    @property
+    def merged(self) -> bool:
+        return self.unmerged_weight is not None
 
     @property
     def scaling(self) -> float:
@@ -269,16 +290,20 @@ class LoRALinear(nn.Module):
         """Fold the update into ``base.weight`` (``merge_weight``); ``ValueError`` when merged already."""
         if self.merged:
             raise ValueError("this LoRALinear is merged already")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha))
-        self.merged = True
+        self.unmerged_weight = self.base.weight.detach().clone()
+        self.base.weight.copy_(self.merged_weight())
+
+    def merged_weight(self) -> torch.Tensor:
+        """The (out_features, in_features) weight of a plain Linear equal to this layer."""
+        return merge_weight(self.base.weight, self.lora_A, self.lora_B, self.alpha)
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Take the update out of ``base.weight`` again; ``ValueError`` when not merged."""
+        """Restore ``base.weight`` as it was before ``merge``, bit for bit; ``ValueError`` when not merged."""
         if not self.merged:
             raise ValueError("this LoRALinear is not merged")
-        self.base.weight.copy_(merge_weight(self.base.weight, self.lora_A, -self.lora_B, self.alpha))
-        self.merged = False
+        self.base.weight.copy_(self.unmerged_weight)
+        self.unmerged_weight = None
 
 # %%
 torch.manual_seed(0)
@@ -323,8 +348,8 @@ print(f"{sum(p.numel() for p in layer.parameters() if p.requires_grad):,} traina
 # $$W' = W + \frac{\alpha}{r} B A.$$
 #
 # The merged layer is a plain `nn.Linear` again, so the fine-tuned model costs exactly
-# what the base costs at inference: no extra matrix products, no latency. Keeping $A$ and
-# $B$ lets us *unmerge* too, $W = W' - \frac{\alpha}{r} B A$, to switch the adapter off or
+# what the base costs at inference: no extra matrix products, no latency. Keeping $W$ aside
+# lets us *unmerge* too, back to $W$ exactly, to switch the adapter off or
 # swap in another one (one base model in memory, many small adapters).
 #
 # ### Exercise 2 · Merge
@@ -333,12 +358,15 @@ print(f"{sum(p.numel() for p in layer.parameters() if p.requires_grad):,} traina
 # that computes what the LoRA layer computes, $W + \frac{\alpha}{r} B A$, as a new tensor
 # (`weight` itself must not change: the layer copies the result into its base). Raise a
 # `ValueError` naming `weight` when its shape is not `(out_features, in_features)` of the
-# adapter, and one naming `lora_A` or `lora_B` when those two do not fit together.
+# adapter, and one naming `lora_A` or `lora_B` when those two do not fit together. The result
+# is in `weight`'s dtype even when the factors are kept in a wider one (a bfloat16 base with
+# float32 adapters): it is copied into the base.
 #
 # Difficulty ●○○ · Importance ●●○ · about 6 minutes
 #
 # <details><summary>Hint 1</summary><code>lora_B @ lora_A</code> has shape <code>(out_features, in_features)</code>, the weight's shape.</details>
 # <details><summary>Hint 2</summary><code>weight += ...</code> changes the caller's tensor; <code>weight + ...</code> makes a new one.</details>
+# <details><summary>Hint 3</summary>A bfloat16 weight plus a float32 product is float32: <code>.to(weight.dtype)</code> at the end.</details>
 
 # %%
 #| answer merge_weight
@@ -357,7 +385,7 @@ def merge_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tenso
         raise ValueError(f"weight must have shape (out_features, in_features) = "
                          f"{(lora_B.shape[0], lora_A.shape[1])}, got {tuple(weight.shape)}")
     r = lora_A.shape[0]
-    return weight + (alpha / r) * (lora_B @ lora_A)
+    return (weight + (alpha / r) * (lora_B @ lora_A)).to(weight.dtype)  # factors may be wider than the weight
     ### END SOLUTION
 
 # %%
@@ -381,6 +409,7 @@ def check_merge_weight(merge_weight):
         "the scale is missing": weight + lora_B @ lora_A,
         "the weight is left out: that is the update alone, B A times the scale": 3.0 * lora_B @ lora_A,
         "subtracted instead of added (that is unmerging)": weight - 3.0 * lora_B @ lora_A,
+        "r read from lora_B.shape[0], which is out_features: the rank is lora_A.shape[0]": weight + 1.5 * lora_B @ lora_A,
     })
     course.expect_close(x @ merged.T, x @ weight.T + 3.0 * (x @ lora_A.T) @ lora_B.T,
                         "a Linear with the merged weight against the base plus the adapter")
@@ -416,6 +445,13 @@ for bad, what, args in [("weight", "merge_weight with a badly shaped weight", (t
                         ("weight", "merge_weight with a badly shaped weight", (torch.randn(3, 5), torch.randn(2, 5), torch.randn(4, 2), 1.0)),
                         ("lora_", "merge_weight with lora_A and lora_B of different ranks", (torch.randn(4, 5), torch.randn(2, 5), torch.randn(4, 3), 1.0))]:
     course.expect_raises(ValueError, merge_weight, *args, match=bad, what=what)
+# the result is in the weight's dtype when the factors are wider (a half-precision base, float32 adapters)
+for w_dtype, f_dtype in [(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.float32, torch.float64)]:
+    W, A, B = torch.randn(6, 5, dtype=w_dtype), torch.randn(2, 5, dtype=f_dtype), torch.randn(6, 2, dtype=f_dtype)
+    got = merge_weight(W, A, B, 4.0)
+    assert isinstance(got, torch.Tensor) and got.dtype == w_dtype, "merge_weight must return a tensor in the weight's dtype"
+    course.expect_close(got.double(), W.double() + 2.0 * (B.double() @ A.double()), "merge_weight with wider factors",
+                        atol=0.1, rtol=0.02)
 ### END HIDDEN TESTS
 
 # %%
@@ -423,8 +459,10 @@ weight_merge = course.keep_going("merge_weight", merge_weight, reference_lora.me
 
 # %% [markdown]
 # `LoRALinear.merge` copies `merge_weight`'s result into its base and from then on skips
-# the adapter; `unmerge` merges $-B$, which takes the update out again. Merged and
-# unmerged layers agree to float rounding, and so does the weight after a round trip:
+# the adapter. `unmerge` could merge $-B$, but $(W + \Delta) - \Delta$ is $W$ only up to
+# rounding, and an adapter file names its base by the exact bytes of its weights (below).
+# So `merge` keeps the weight it replaces and `unmerge` copies it back. Merged and
+# unmerged layers agree to float rounding; the weight after a round trip is the original:
 
 # %%
 with torch.no_grad():
@@ -434,7 +472,8 @@ with torch.no_grad():
     merged = layer(inputs)
     layer.unmerge()
 print(f"merged against unmerged output: largest difference {(merged - unmerged).abs().max():.1e}")
-print(f"weight after merge and unmerge: largest difference {(linear.weight - original).abs().max():.1e}")
+print(f"weight after merge and unmerge: largest difference {(linear.weight - original).abs().max():.1e}, "
+      f"bit for bit the original: {torch.equal(linear.weight, original)}")
 
 # %% [markdown]
 # ## Choosing targets
@@ -455,14 +494,16 @@ print(f"weight after merge and unmerge: largest difference {(linear.weight - ori
 # a target here: an adapter on attention and the FFN cannot change which vector a token
 # starts from, so a task that only renames tokens would be a poor test of it.
 #
-# **The fused projection is in the way.** Chapter 04's `MultiHeadAttention` computes Q, K
+# **A fused projection.** Chapter 04's `MultiHeadAttention` computes Q, K
 # and V with one `qkv` Linear, three blocks of rows $[W_Q; W_K; W_V]$, because one large
 # matrix product is faster than three small ones. An adapter on that Linear would adapt
-# all three together, with one shared rank. So `apply_lora` refuses to target `q`, `k` or
-# `v` in a fused model and says what to do: build it with `GPTConfig(fused_qkv=False)`, or
-# convert it with `unfuse_qkv`, which copies the three blocks into separate `q`, `k`, `v`
-# Linears. The function is the same; the logits agree to float rounding (the products are
-# summed in another order).
+# all three together, with one shared rank. So in a fused model `apply_lora` wraps `qkv` in
+# a `FusedLoRALinear` (loralib's `MergedLinear` does the same): one adapter of rank $r$ per
+# targeted block of rows, $q$ and $v$ by default, and the $k$ rows untouched. With
+# grouped-query attention the $k$ and $v$ blocks have `n_kv_heads * head_dim` rows, fewer
+# than $q$'s. The other way is `unfuse_qkv`, which copies the three blocks into separate
+# `q`, `k`, `v` Linears; the function is the same, so the logits agree (the cell below
+# measures the largest difference), and the rest of this chapter uses it.
 
 # %%
 #| export minillm/lora.py
@@ -477,15 +518,24 @@ ROLES = {
 }
 """The roles a LoRA target names, and what each is. ``GROUPS`` names sets of them."""
 GROUPS = {"attention": ("q", "k", "v", "o"), "ffn": ("w1", "w2", "w3"), "all": tuple(ROLES)}
-_ATTENTION_NAMES = {"q": "q", "k": "k", "v": "v", "out": "o"}
+_ATTENTION_NAMES = {"q": ("q",), "k": ("k",), "v": ("v",), "out": ("o",), "qkv": ("q", "k", "v")}
 
 
-def _role(parent: nn.Module, name: str) -> str | None:
+def _roles(parent: nn.Module, name: str) -> tuple[str, ...]:
+    """The roles that the child ``name`` of ``parent`` computes (a fused ``qkv``: three)."""
     if isinstance(parent, MultiHeadAttention):
-        return _ATTENTION_NAMES.get(name)
+        return _ATTENTION_NAMES.get(name, ())
     if isinstance(parent, (FeedForward, SwiGLU)) and name in GROUPS["ffn"]:
-        return name
-    return None
+        return (name,)
+    return ()
+
+
+def qkv_rows(attention: MultiHeadAttention, roles) -> dict[str, tuple[int, int]]:
+    """The output rows (start, stop) of each of ``roles`` in a fused ``qkv`` weight, [W_Q; W_K; W_V]:
+    q has d_model rows, k and v n_kv_heads * head_dim each (fewer with grouped-query attention)."""
+    d, kv = attention.d_model, attention.n_kv_heads * attention.head_dim
+    rows = {"q": (0, d), "k": (d, d + kv), "v": (d + kv, d + 2 * kv)}
+    return {role: rows[role] for role in roles}
 
 
 def _target_names(targets) -> tuple[str, ...]:
@@ -509,10 +559,10 @@ def lora_targets(model: nn.Module, targets=("q", "v")) -> list[tuple[str, str]]:
     """The (module name, role) of every ``nn.Linear`` of ``model`` that ``apply_lora`` wraps.
 
     targets: a role of ``ROLES``, a group of ``GROUPS`` ("attention", "ffn", "all": the
-    roles of the group that the model has), or a sequence of them. ``ValueError`` for an
-    unknown name, for a role named on its own that the model lacks (w3 in a GELU network),
-    and for q, k or v in a model whose attention is fused: its one ``qkv`` Linear computes
-    all three (build it with ``GPTConfig(fused_qkv=False)`` or convert it with ``unfuse_qkv``).
+    roles of the group that the model has), or a sequence of them. In a model whose attention
+    is fused, q, k and v name the one ``qkv`` Linear, once per role (``apply_lora`` adapts
+    their row blocks). ``ValueError`` for an unknown name, and for a role named on its own
+    that the model lacks (w3 in a GELU network).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -521,20 +571,67 @@ def lora_targets(model: nn.Module, targets=("q", "v")) -> list[tuple[str, str]]:
     wanted = required.union(*(GROUPS[name] for name in names if name in GROUPS))
     found, seen = [], set()
     for parent_name, parent in model.named_modules():
-        if isinstance(parent, MultiHeadAttention) and parent.fused_qkv and wanted & {"q", "k", "v"}:
-            raise ValueError(f"{parent_name or 'model'} computes q, k and v with one fused Linear (fused_qkv=True), so "
-                             f"targets {sorted(wanted & {'q', 'k', 'v'})} cannot be wrapped alone: build the model "
-                             f"with GPTConfig(fused_qkv=False), or convert it with minillm.lora.unfuse_qkv(model)")
         for name, child in parent.named_children():
-            role = _role(parent, name)
-            if role in wanted and isinstance(child, (nn.Linear, LoRALinear)):
-                found.append((f"{parent_name}.{name}" if parent_name else name, role))
-                seen.add(role)
+            if not isinstance(child, (nn.Linear, LoRALinear)):
+                continue
+            for role in _roles(parent, name):
+                if role in wanted:
+                    found.append((f"{parent_name}.{name}" if parent_name else name, role))
+                    seen.add(role)
     missing = sorted(required - seen)
     if missing or not found:
         raise ValueError(f"targets {missing or list(names)} match no layer of this model "
                          f"(it has {sorted(seen) or 'none of them'})")
     return found
+
+
+class FusedLoRALinear(LoRALinear):
+    """LoRA on row blocks of one fused Linear, as loralib's ``MergedLinear``: each block gets
+    its own rank-r adapter, the other rows none (the q and v of a fused Q/K/V projection).
+
+    rows: {role: (start, stop)}, output rows of ``base``, not overlapping. lora_A stacks the
+    blocks' A, (n_blocks r, in_features); lora_B stacks their B, (rows adapted, r); so the
+    parameters are those of one adapter per block. x: (..., in_features) → (..., out_features).
+    """
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, *, rows: dict):
+        super().__init__(base, r, alpha, dropout)
+        spans = sorted(rows.values())
+        if not spans or any(not 0 <= start < stop <= base.out_features for start, stop in spans) or any(
+                stop > start for (_, stop), (start, _) in zip(spans, spans[1:])):
+            raise ValueError(f"rows must map roles to (start, stop) output rows of base within "
+                             f"[0, {base.out_features}], not overlapping, got {rows!r}")
+        self.rows = dict(sorted(rows.items(), key=lambda item: item[1]))
+        factory = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(len(spans) * r, base.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(sum(stop - start for start, stop in spans), r, **factory))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rows={self.rows}"
+
+    def blocks(self):
+        """(start, stop, A (r, in_features), B (stop - start, r)) of each adapted block, in row order."""
+        at = 0
+        for i, (start, stop) in enumerate(self.rows.values()):
+            yield start, stop, self.lora_A[i * self.r:(i + 1) * self.r], self.lora_B[at:at + stop - start]
+            at += stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if self.merged:
+            return y
+        x, pieces, at = self.dropout(x), [], 0
+        for start, stop, lora_A, lora_B in self.blocks():
+            pieces += [y[..., at:start], y[..., start:stop] + lora_update(x, lora_A, lora_B, self.alpha)]
+            at = stop
+        return torch.cat(pieces + [y[..., at:]], dim=-1)
+
+    def merged_weight(self) -> torch.Tensor:
+        weight = self.base.weight.clone()
+        for start, stop, lora_A, lora_B in self.blocks():
+            weight[start:stop] = merge_weight(weight[start:stop], lora_A, lora_B, self.alpha)
+        return weight
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -546,7 +643,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, targets=("q", "v"), dropo
     """Freeze ``model`` and wrap the linear maps of ``targets`` in ``LoRALinear`` (in place); returns it.
 
     targets: as ``lora_targets`` takes them. After the call, only the adapters' lora_A and
-    lora_B train; the model's output is unchanged until they do (B starts at zero).
+    lora_B train; the model's output is unchanged until they do (B starts at zero). A fused
+    ``qkv`` Linear becomes a ``FusedLoRALinear`` with one adapter per targeted block (q and v
+    by default; k's rows stay untouched), so the defaults work on a default GPT.
     ``ValueError`` when the model has adapters already (``lora_layers``).
     """
     positive_int("r", r)
@@ -554,12 +653,19 @@ def apply_lora(model: nn.Module, r: int, alpha: float, targets=("q", "v"), dropo
     probability("dropout", dropout)
     if lora_layers(model):
         raise ValueError("model has LoRA adapters already: apply_lora wraps a model once")
-    chosen = lora_targets(model, targets)
+    roles = {}
+    for name, role in lora_targets(model, targets):
+        roles.setdefault(name, []).append(role)
     model.requires_grad_(False)
-    for name, _ in chosen:
+    for name, these in roles.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
+        base = getattr(parent, child)
+        if child == "qkv" and isinstance(parent, MultiHeadAttention):
+            layer = FusedLoRALinear(base, r, alpha, dropout, rows=qkv_rows(parent, these))
+        else:
+            layer = LoRALinear(base, r, alpha, dropout)
+        setattr(parent, child, layer)
     return model
 
 
@@ -578,7 +684,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def unmerge_lora(model: nn.Module) -> nn.Module:
     """Take every adapter out of its base weight again (``LoRALinear.unmerge``); returns the model.
 
-    The base weights come back up to float rounding. ``ValueError`` when the model has no
+    The base weights come back bit for bit (each layer kept them). ``ValueError`` when the model has no
     adapters, or they are not merged.
     """
     layers = _unmerged_state(model, merged=True)
@@ -599,11 +705,11 @@ def _unmerged_state(model: nn.Module, merged: bool) -> dict[str, LoRALinear]:
 # %%
 from minillm.recipe import load_pretrained
 
+import copy
+
 shipped, tokenizer = load_pretrained()
-try:
-    reference_lora.apply_lora(shipped, r=4, alpha=8.0, targets=("q", "v"))
-except ValueError as error:
-    print("ValueError:", error)
+fused_adapted = reference_lora.apply_lora(copy.deepcopy(shipped), r=4, alpha=8.0)  # the defaults: q and v
+print(fused_adapted.blocks[0].attn.qkv)
 base_model = reference_lora.unfuse_qkv(shipped)
 ids = torch.tensor([tokenizer.encode("ROMEO:\nBut soft, what light through yonder window breaks?")])
 with torch.no_grad():
@@ -640,7 +746,7 @@ def lora_parameter_count(config: GPTConfig, r: int, targets=("q", "v")) -> int:
     r (in_features + out_features): lora_A (r, in) and lora_B (out, r). Per block: q and o
     map d_model → d_model; k and v d_model → n_kv_heads head_dim; w1 (and w3, SwiGLU's
     only) d_model → d_ff; w2 d_ff → d_model. ``ValueError`` as ``lora_targets`` raises it
-    (the q, k, v of a fused model aside: the count is that of the unfused model).
+    (a fused Q/K/V projection gets the same count: one adapter per block).
     """
     ### BEGIN SOLUTION
     if not isinstance(config, GPTConfig):
@@ -671,11 +777,15 @@ def check_lora_parameter_count(lora_parameter_count):
             model = reference_lora.apply_lora(GPT(config), r, 1.0, targets)
         expected = sum(p.numel() for p in model.parameters() if p.requires_grad)
         a_only = sum(layer.lora_A.numel() for layer in reference_lora.lora_layers(model).values())
+        kv_rows = sum(config.d_model - config.n_kv_heads * config.head_dim for role in targets if role in ("k", "v"))
+        no_gqa = expected + config.n_layers * r * kv_rows  # k and v sized as d_model → d_model
         course.expect_equal(lora_parameter_count(config, r, targets), expected,
                             f"lora_parameter_count(d_model={config.d_model}, n_kv_heads={config.n_kv_heads}, "
                             f"d_ff={config.d_ff}, n_layers={config.n_layers}, r={r}, targets={targets})",
                             mistakes={"the count of one block: multiply by config.n_layers": expected // config.n_layers,
-                                      "r * d_in only: lora_B's (d_out, r) numbers are missing": a_only})
+                                      "r * d_in only: lora_B's (d_out, r) numbers are missing": a_only,
+                                      "k and v sized d_model → d_model: with grouped-query attention they map to "
+                                      "n_kv_heads * head_dim": no_gqa})
     course.expect_raises(ValueError, lora_parameter_count, gqa, 2, ("q", "w3"), match="targets",
                          what="lora_parameter_count with w3 on a GELU network (it has no third matrix)")
     course.expect_raises(ValueError, lora_parameter_count, gqa, 2, ("query",), match="targets",
@@ -809,7 +919,7 @@ def save_lora(path, model: nn.Module, targets) -> None:
     base model the same way. ``ValueError`` without adapters, or with merged ones.
     """
     layers = _unmerged_state(model, merged=False)
-    names = [name for name, _ in lora_targets(model, targets)]
+    names = {name for name, _ in lora_targets(model, targets)}
     if sorted(names) != sorted(layers):
         raise ValueError(f"targets {targets!r} do not name the adapted layers of this model")
     first = next(iter(layers.values()))
@@ -845,7 +955,8 @@ def load_lora(path, model: GPT) -> GPT:
         apply_lora(model, spec["r"], spec["alpha"], spec["targets"], spec["dropout"])
     layers = lora_layers(model)
     if sorted(layers) != spec["modules"] or any(
-            (layer.r, layer.alpha) != (spec["r"], spec["alpha"]) for layer in layers.values()):
+            (layer.r, layer.alpha) != (spec["r"], spec["alpha"]) or layer.lora_A.shape != saved["adapters"][f"{name}.lora_A"].shape
+            or layer.lora_B.shape != saved["adapters"][f"{name}.lora_B"].shape for name, layer in layers.items()):
         raise CheckpointError(f"checkpoint {str(path)!r} holds adapters of r={spec['r']}, alpha={spec['alpha']} on "
                               f"{spec['modules']}, which the model's adapters are not")
     with torch.no_grad():
@@ -1150,6 +1261,8 @@ print(f"file to share: full {full['file_bytes'] / 1e6:.2f} MB, adapters {budget[
 # - `apply_lora(model, r, alpha, targets=("q", "v"), dropout=0.0)`, targets by role
 #   (`ROLES`: q, k, v, o, w1, w2, w3; `GROUPS`: attention, ffn, all) through
 #   `lora_targets`; `merge_lora`, `unmerge_lora`, `lora_layers`;
+# - `FusedLoRALinear`, adapters on the q and v row blocks of a fused projection, which
+#   `apply_lora` uses on a default GPT;
 # - `unfuse_qkv(model)`, the same model with separate Q, K, V projections;
 # - `lora_parameter_count` (Exercise 3), `trainable_parameters`, `optimizer_state_bytes`;
 # - `save_lora` / `load_lora`, adapter files that name their base by config and
