@@ -317,7 +317,8 @@ def sequence_logprobs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -
         raise ValueError(f"mask must have the shape of ids, {tuple(ids.shape)}, got "
                          f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
     logits, _ = model(ids)
-    return response_logprobs(logits.float(), ids, mask)
+    # promote half precision to float32, but keep a float64 model's precision
+    return response_logprobs(logits.to(torch.promote_types(logits.dtype, torch.float32)), ids, mask)
 
 # %% [markdown]
 # On the shipped model: a prompt and two continuations of it, one as Shakespeare wrote it
