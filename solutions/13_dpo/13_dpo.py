@@ -1159,8 +1159,8 @@ plt.show()
 #   the curves lie on one another (SFT: 32% at 3.4 nats after 50 steps; DPO β = 1: 33% at
 #   3.9). Past that, DPO buys more of the attribute for the same drift: at 5.8 nats DPO
 #   with β = 0.3 had 50% and SFT 40%; at 8.6 nats DPO with β = 0.1 had 56% and SFT 48%. One
-#   seed and one set of pairs, so the edge (about 10 points, five standard errors) is a
-#   measurement, not a law.
+#   seed and one set of pairs, so the edge (10 and 8 points, about 3.2 and 2.6 standard
+#   errors of a difference of two rates from 512 samples each) is a measurement, not a law.
 # - **SFT does not stop by itself.** Its KL grows with every step (13.8 nats after 150)
 #   while its rate stays near 45%: it learns the chosen responses by heart (right panel:
 #   their log-probability climbs from −109 to about −70 nats). Its stopping point is a
