@@ -74,7 +74,8 @@ def sequence_logprobs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -
         raise ValueError(f"mask must have the shape of ids, {tuple(ids.shape)}, got "
                          f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
     logits, _ = model(ids)
-    return response_logprobs(logits.float(), ids, mask)
+    # promote half precision to float32, but keep a float64 model's precision
+    return response_logprobs(logits.to(torch.promote_types(logits.dtype, torch.float32)), ids, mask)
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,

@@ -53,6 +53,16 @@ def test_sequence_logprobs_equals_the_sum_of_next_token_logprobs():
     assert got.shape == (3,) and got.dtype == torch.float32
 
 
+def test_sequence_logprobs_keeps_a_float64_model_in_float64():
+    model = small_gpt().double()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = dpo.response_mask(2, 3, 9)
+    with torch.no_grad():
+        got = dpo.sequence_logprobs(model, ids, mask)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, naive_logprobs(model, ids, mask), atol=1e-10, rtol=1e-10)
+
+
 def test_sequence_logprobs_matches_cross_entropy_with_ignored_targets():
     model = small_gpt()
     ids = torch.randint(0, 40, (4, 12), generator=torch.Generator().manual_seed(2))
