@@ -98,7 +98,9 @@ def test_the_environment_is_the_pinned_one():
     that is pinned for this platform, and every package the course needs here. The pins of
     PyPI's CUDA build of torch (the nvidia packages) hold on Linux too, but the CPU build
     needs none of them, so a pin that nothing installed needs may be absent."""
-    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in importlib.metadata.distributions()}
+    installed = {}
+    for d in importlib.metadata.distributions():  # the first on sys.path is the one imported; setuptools
+        installed.setdefault(canonicalize_name(d.metadata["Name"]), Version(d.version))  # appends its _vendor
     needed = locked_closure()
     assert {"torch", "nbgrader", "pytest"} <= needed
     wrong, absent = [], []

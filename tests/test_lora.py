@@ -335,21 +335,6 @@ def test_dropout_touches_the_update_only():
     torch.testing.assert_close(layer(x), naive)
 
 
-def test_adapted_model_matches_peft():
-    """The same factors in peft's LoRA layers give the same logits (an implementation this project did not write)."""
-    peft = pytest.importorskip("peft")
-    ours = trained_adapters(lora.apply_lora(small_gpt(), r=4, alpha=8.0, targets=("q", "v", "w2")))
-    theirs = peft.inject_adapter_in_model(peft.LoraConfig(r=4, lora_alpha=8.0, target_modules=["q", "v", "w2"]),
-                                          small_gpt())
-    with torch.no_grad():
-        for name, layer in lora.lora_layers(ours).items():
-            twin = theirs.get_submodule(name)
-            twin.lora_A["default"].weight.copy_(layer.lora_A)
-            twin.lora_B["default"].weight.copy_(layer.lora_B)
-    x = ids()
-    assert torch.count_nonzero(ours(x)[0] - small_gpt()(x)[0])  # the adapters do change the model
-    torch.testing.assert_close(ours(x)[0], theirs(x)[0], atol=1e-6, rtol=1e-5)
-
 
 
 
@@ -366,19 +351,3 @@ def test_merge_then_unmerge_keeps_the_checkpoint_loadable_on_the_original_base(t
     restored = lora.load_lora(path, original)
     x = ids()
     torch.testing.assert_close(restored(x)[0], model(x)[0], atol=0, rtol=0)
-
-
-def test_fused_defaults_match_peft_on_the_unfused_model():
-    """apply_lora's defaults on a fused GQA model against peft's q and v adapters, given the same factors."""
-    peft = pytest.importorskip("peft")
-    fused = trained_adapters(lora.apply_lora(small_gpt(fused_qkv=True, n_kv_heads=2), r=2, alpha=4.0))
-    theirs = peft.inject_adapter_in_model(peft.LoraConfig(r=2, lora_alpha=4.0, target_modules=["q", "v"]),
-                                          lora.unfuse_qkv(small_gpt(fused_qkv=True, n_kv_heads=2)))
-    with torch.no_grad():
-        for i, block in enumerate(fused.blocks):
-            for role, (_, _, lora_A, lora_B) in zip("qv", block.attn.qkv.blocks()):
-                twin = getattr(theirs.blocks[i].attn, role)
-                twin.lora_A["default"].weight.copy_(lora_A)
-                twin.lora_B["default"].weight.copy_(lora_B)
-    x = ids()
-    torch.testing.assert_close(fused(x)[0], theirs(x)[0], atol=1e-5, rtol=1e-5)
