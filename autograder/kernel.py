@@ -132,6 +132,7 @@ class StudentKernel:
         await self.client.async_start_new_kernel_client()
         process = getattr(getattr(self.km, "provisioner", None), "process", None)
         self.sandbox.pid = getattr(process, "pid", None)
+        self.sandbox.hold_pid_namespace()
         self.alive = True
 
     async def _responsive(self, grace: float) -> bool:

@@ -99,6 +99,7 @@ class Sandbox:
         self.uid = self.gid = None
         self.overlays: list[tuple[str, str]] = []
         self.pid = None  # the kernel's process, set by whoever starts it
+        self._namespace: tuple[str, int] | None = None  # its PID namespace, and the descriptor that holds it
         self.share_kind = cpu_share() if self.isolation.namespaces and jobs > 1 else CpuShare("none", reason="one job")
         self.cgroup = ""
         if self.share_kind.kind != "none":
@@ -201,13 +202,37 @@ class Sandbox:
         if self.uid is not None:
             os.chown(path, self.uid, self.gid)
 
-    def pid_namespace(self) -> str:
-        """The PID namespace this sandbox's processes run in ("" before they start, or
-        without namespaces): the launcher notes it, as root, before it runs anything."""
+    def hold_pid_namespace(self) -> None:
+        """Hold the PID namespace of this sandbox's process open until :meth:`remove`. Call
+        it once that process is known to run (its kernel has answered). The kernel hands a
+        freed namespace's number to the next new one at once, so without the hold a sandbox
+        whose processes have died could name, and kill, the namespace of a sandbox started
+        since."""
+        self._release_pid_namespace()
         try:
-            return (self.base / "pidns").read_text().strip()
+            noted = (self.base / "pidns").read_text().strip()
         except OSError:
-            return ""
+            return
+        for pid in pid_namespace_members(noted):
+            try:
+                held = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if os.readlink(f"/proc/self/fd/{held}") == noted:
+                self._namespace = (noted, held)
+                return
+            os.close(held)
+
+    def _release_pid_namespace(self) -> None:
+        if self._namespace:
+            os.close(self._namespace[1])
+        self._namespace = None
+
+    def pid_namespace(self) -> str:
+        """The PID namespace this sandbox's processes run in, as :meth:`hold_pid_namespace`
+        holds it ("" before it is held, or without namespaces). The launcher notes it, as
+        root, before it runs anything."""
+        return self._namespace[0] if self._namespace else ""
 
     def pids(self) -> list[int]:
         """The sandbox's processes: its PID namespace's, or else the kernel's own."""
@@ -233,6 +258,7 @@ class Sandbox:
 
     def remove(self) -> None:
         self.kill_all()
+        self._release_pid_namespace()
         remove_cgroup(self.cgroup)
         release_uid(self.uid)
         if self.mounted:

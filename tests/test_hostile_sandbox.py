@@ -278,6 +278,13 @@ def _wait_for(path: Path, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
+def _running(box: Sandbox) -> None:
+    """Wait until the sandbox's process has started, then hold its PID namespace, as the
+    grader does once the learner's kernel answers."""
+    _wait_for(box.work / "started")
+    box.hold_pid_namespace()
+
+
 def _processes_of(uid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -305,7 +312,7 @@ def test_killing_a_sandbox_spares_other_processes_of_its_user_id(tmp_path):
                           "time.sleep(60)\n")
         box.chown(script)
         inside = subprocess.Popen(box.command([sys.executable, str(script)]))
-        _wait_for(box.work / "started")
+        _running(box)
         assert len(set(_processes_of(box.uid)) - {stranger.pid}) >= 3
         box.kill_all()
         deadline = time.monotonic() + 5
@@ -320,6 +327,50 @@ def test_killing_a_sandbox_spares_other_processes_of_its_user_id(tmp_path):
             inside.kill()
             inside.wait()
         box.remove()
+
+
+def test_a_removed_sandbox_never_kills_a_later_sandbox_that_reuses_its_namespace_number(tmp_path):
+    """The kernel gives a freed PID namespace's number to the next new namespace at once. A
+    sandbox whose processes died before it was removed must not take a sandbox started
+    since for its own: it holds its namespace, so the number is not freed until then."""
+    needs_namespaces()
+    first, second = Sandbox(SMALL, parent=tmp_path), Sandbox(SMALL, parent=tmp_path)
+    later = None
+    try:
+        ended = _in_sandbox(first, "open('started', 'w').close()\n")
+        _running(first)
+        ended.wait()
+        later = _in_sandbox(second, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n")
+        _running(second)
+        assert second.pid_namespace() and second.pid_namespace() != first.pid_namespace()
+        first.remove()
+        time.sleep(0.2)
+        assert later.poll() is None, "removing a finished sandbox killed a later one"
+    finally:
+        if later is not None:
+            later.kill()
+            later.wait()
+        first.remove()
+        second.remove()
+
+
+def test_a_sandbox_whose_namespace_was_never_held_kills_nothing(tmp_path):
+    """Before its process is known to run, a sandbox names no namespace: the note its
+    launcher left may by then name another sandbox's."""
+    needs_namespaces()
+    first, second = Sandbox(SMALL, parent=tmp_path), Sandbox(SMALL, parent=tmp_path)
+    later = _in_sandbox(second, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n")
+    try:
+        _running(second)
+        (first.base / "pidns").write_text(second.pid_namespace())
+        assert first.pid_namespace() == "" and first.pids() == []
+        first.remove()
+        time.sleep(0.2)
+        assert later.poll() is None, "a sandbox killed the processes its stale note named"
+    finally:
+        later.kill()
+        later.wait()
+        second.remove()
 
 
 def test_sandbox_user_ids_are_dedicated_and_checked_unused(tmp_path, monkeypatch):
@@ -374,7 +425,7 @@ def test_each_sandbox_of_a_batch_gets_its_own_cgroup_of_equal_cpu_weight(tmp_pat
         for box in boxes:
             running.append(_in_sandbox(box, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n"))
         for box in boxes:
-            _wait_for(box.work / "started")
+            _running(box)
             assert box.cgroup and Path(box.cgroup).parent == Path(share.parent)
             members = {int(pid) for pid in (Path(box.cgroup) / "cgroup.procs").read_text().split()}
             assert set(box.pids()) and set(box.pids()) <= members, (box.pids(), members)
@@ -398,7 +449,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
     hogs = []
     try:
         busy = _in_sandbox(box, "import time\nopen('started', 'w').close()\nwhile True:\n    pass\n")
-        _wait_for(box.work / "started")
+        _running(box)
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
         time.sleep(0.3)
         start = box.cpu_sample()
@@ -416,7 +467,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
     box = Sandbox(SMALL, parent=tmp_path)
     try:
         sleeper = _in_sandbox(box, "import time\nopen('started', 'w').close()\ntime.sleep(60)\n")
-        _wait_for(box.work / "started")
+        _running(box)
         start = box.cpu_sample()
         time.sleep(0.5)
         note, loaded = cpu.load_note(start, box.cpu_sample())
