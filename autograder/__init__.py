@@ -8,10 +8,16 @@ shape and ``feedback.html`` that never shows hidden test code; scores go into an
 gradebook. ``python -m autograder check`` is the learner's own report. See
 ``docs/grading.md`` for running a course and for the threat model.
 
-Modules: ``marks`` (the cell marks, shared with the build chain), ``collect`` (which files
-of a batch are submissions, and whose), ``chapters`` and ``analysis`` (the master, read; a
-learner's source, analyzed in a bounded child), ``reconstruct``, ``sandbox`` and ``_launch``
-(isolation and limits), ``kernel`` (the learner's kernel), ``judge``, ``server`` and ``wire``
-(checks outside the learner's process), ``execute``, ``results``, ``feedback``,
-``gradebook``, ``grade`` (batches), ``check``.
+The pipeline of one submission, a module per stage: ``collect`` (which files of a batch
+are submissions, and whose), ``reconstruct`` (the notebook rebuilt from the master),
+``plan`` (which kernels run and what each checks), ``run`` (the learner's cells in a
+sandboxed ``kernel``, the checks in the ``judge``), ``score`` and ``report``, driven by
+``grade`` (batches), ``gradebook`` and ``final``. Beside it: ``chapters`` and ``course``
+(the master and the course, read), ``analysis`` (a cell's names), ``references`` (an answer's
+use of the reference) and ``bounded`` (untrusted
+input handled in a limited child), ``sandbox``, ``_launch``, ``isolation``, ``processes`` and
+``cpu`` (isolation and limits), ``remote``, ``server``, ``proxies`` and ``wire`` (calls
+across the sandbox's wall), ``view`` (the package a kernel sees), ``failures`` and
+``feedback`` (what a learner reads), and the learner's commands ``check``, ``export``,
+``lab`` and ``workspace``; ``gradescope`` runs inside Gradescope's container.
 """

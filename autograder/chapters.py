@@ -20,7 +20,7 @@ import nbformat
 
 from course_runtime import marks
 
-from . import analysis, course
+from . import analysis, course, references
 
 # Cell tags a chapter may use to steer the judge's plan.
 FORCE_TAG, SKIP_TAG = "grader-needs", "grader-skip"
@@ -237,109 +237,13 @@ class Chapter:
 
     # ----------------------------------------------------------------- the reference
     @cached_property
-    def _reference_bindings(self) -> tuple[dict[str, str], dict[str, set[str]]]:
-        """Names the master binds to the reference: module aliases, and fallbacks.
-
-        ``aliases``: name → module (``reference_history`` → ``minillm.history``).
-        ``fallbacks``: name → the answer names it may stand for (``rnn`` → {rnn_forward}).
-        """
-        modules = set(self.reference_modules)
-        answers = set(self.proxied_names)
-        aliases: dict[str, str] = {}
-        direct: dict[str, str] = {}
-        for cell in self.cells:
-            if cell.cell_type != "code" or cell.kind == "answer":
-                continue
-            tree = analysis.parse(cell.source)
-            if tree is None:
-                continue
-            for module, name, bound in analysis.imported_modules(tree):
-                if name is None and module in modules:
-                    aliases[bound] = module
-                elif name is not None and f"{module}.{name}" in modules:
-                    aliases[bound] = f"{module}.{name}"
-                elif name is not None and module in modules and name in answers:
-                    direct[bound] = name
-        fallbacks: dict[str, set[str]] = {}
-        for cell in self.cells:
-            if cell.cell_type != "code" or cell.kind == "answer":
-                continue
-            tree = analysis.parse(cell.source)
-            if tree is None:
-                continue
-            for stmt in tree.body:
-                if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
-                    continue
-                covered = set()
-                for node in ast.walk(stmt.value):
-                    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                            and node.value.id in aliases and node.attr in answers):
-                        covered.add(node.attr)
-                    elif isinstance(node, ast.Name) and node.id in direct:
-                        covered.add(direct[node.id])
-                if covered:
-                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                    for target in targets:
-                        for name in analysis.target_names(target):
-                            fallbacks.setdefault(name, set()).update(covered)
-        for bound, name in direct.items():
-            fallbacks.setdefault(bound, set()).add(name)
-        return aliases, fallbacks
+    def reference_bindings(self) -> tuple[dict[str, str], dict[str, set[str]]]:
+        """Names the master binds to the reference (see :func:`references.bindings`)."""
+        return references.bindings(self)
 
     def reference_uses(self, grade_id: str, source: str) -> list[tuple[bool, str]]:
-        """How an answer cell's ``source`` reaches the chapter's reference implementation.
-
-        Each finding is ``(own, detail)``: ``own`` is true when it reaches the reference of
-        a name this very answer must define (the answer is then not the learner's work).
-        An import that the release's own answer cell gives (the package's version of an
-        earlier exercise, so that this one is graded on its own) is the course's, not a find.
-        """
-        given = {line.strip() for line in self.by_id[grade_id].learner_source.splitlines()
-                 if line.strip().startswith(("import ", "from "))} if grade_id in self.by_id else set()
-        if given:
-            source = "\n".join(line for line in source.splitlines() if line.strip() not in given)
-        tree = analysis.parse(source)
-        if tree is None:
-            return []
-        own = set(self.answer_names.get(grade_id, []))
-        modules = set(self.reference_modules)
-        short = {m.rsplit(".", 1)[-1]: m for m in modules}
-        aliases, fallbacks = self._reference_bindings
-        found: list[tuple[bool, str]] = []
-        module_objects: dict[str, str] = {}
-        for module, name, bound in analysis.imported_modules(tree):
-            if name is None and module in modules:
-                module_objects[bound] = module
-                found.append((False, f"imports {module}"))
-            elif name is None and module.split(".")[0] == "minillm" and bound == "minillm":
-                module_objects["minillm"] = "minillm"
-            elif name is not None and f"{module}.{name}" in modules:
-                module_objects[bound] = f"{module}.{name}"
-                found.append((False, f"imports {module}.{name}"))
-            elif name is not None and module in modules:
-                found.append((name in own or name == "*", f"imports {name} from {module}"))
-        module_objects.update({k: v for k, v in aliases.items()})
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                base = node.value.id
-                if base in module_objects and base != "minillm":
-                    found.append((node.attr in own, f"uses {module_objects[base]}.{node.attr}"))
-                elif base == "minillm" and node.attr in short:
-                    found.append((False, f"uses {short[node.attr]}"))
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                if node.id in aliases and node.id not in module_objects.keys() - aliases.keys():
-                    found.append((False, f"uses {node.id} (the reference module {aliases[node.id]})"))
-                if node.id in fallbacks:
-                    found.append((bool(fallbacks[node.id] & own),
-                                  f"uses {node.id}, which may be the reference {', '.join(sorted(fallbacks[node.id]))}"))
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                for module in modules:
-                    if module in node.value or module.replace(".", "/") in node.value:
-                        found.append((any(n in node.value for n in own), f"names {module} in a string"))
-        unique: dict[str, bool] = {}
-        for is_own, detail in found:
-            unique[detail] = unique.get(detail, False) or is_own
-        return [(is_own, detail) for detail, is_own in unique.items()]
+        """How an answer cell's ``source`` reaches the chapter's reference (see :func:`references.uses`)."""
+        return references.uses(self, grade_id, source)
 
     def exercise_of(self, grade_id: str) -> str | None:
         cell = self.by_id.get(grade_id)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import analysis
+from .bounded import bounded
 from .chapters import Chapter
 
 MAX_NOTEBOOK_BYTES = 32 * 2**20
@@ -230,7 +230,7 @@ def _check_reference_use(chapter: Chapter, answers: dict, status: dict, flags: l
     todo = {cell.grade_id: answers[cell.grade_id] for cell in chapter.answers
             if answers.get(cell.grade_id) and status[cell.grade_id] == "answered"}
     chapter.reference_uses(chapter.answers[0].grade_id, "")  # the master's side, analyzed once, before forking
-    found = analysis.bounded({gid: (lambda gid=gid, source=source: chapter.reference_uses(gid, source))
+    found = bounded({gid: (lambda gid=gid, source=source: chapter.reference_uses(gid, source))
                               for gid, source in todo.items()})
     for gid in todo:
         ok, value = found[gid]
