@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 import nbformat
 import pytest
 
-from coursebuild import book, paths
+from coursebuild import book, book_pages, paths
 from minillm.coursemap import TECH_BAND
 
 from . import browser
@@ -96,10 +96,10 @@ def test_other_pages_hold_no_secret(site):
     for slug in SLUGS:
         notes = (paths.SOLUTIONS / slug / "INSTRUCTOR.md").read_text(encoding="utf-8")
         # The grading guide: from its heading to the next section.
-        guide = re.search(rf"{book.GRADING_GUIDE.pattern}.*?(?=^## |\Z)", notes, re.I | re.M | re.S)
+        guide = re.search(rf"{book_pages.GRADING_GUIDE.pattern}.*?(?=^## |\Z)", notes, re.I | re.M | re.S)
         solution = nbformat.read(paths.solution_notebook(slug), as_version=4)
         if any(c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution") for c in solution.cells):
-            assert guide, f"{slug} has written questions and INSTRUCTOR.md no section {book.GRADING_GUIDE.pattern}"
+            assert guide, f"{slug} has written questions and INSTRUCTOR.md no section {book_pages.GRADING_GUIDE.pattern}"
         if guide:
             guides.update(line.strip() for line in guide.group(0).splitlines()[1:] if len(line.strip()) > 25)
     for page in pages(site):
@@ -125,7 +125,7 @@ def test_tech_band_index_names_a_test_for_every_written_term(site):
     for term in TECH_BAND:
         assert term.symbol in text
         if term.slug in SLUGS:
-            tests = book.tests_of(term.symbol)
+            tests = book_pages.tests_of(term.symbol)
             assert tests, f"no test in tests/ uses {term.symbol}"
             path, _, name = tests[0].partition("::")
             assert re.search(rf"def {name.split('::')[-1]}\b", (paths.ROOT / path).read_text())
@@ -135,7 +135,7 @@ def test_tech_band_index_names_a_test_for_every_written_term(site):
 def test_tee_errata_has_every_chapters_tee_check(site):
     text = text_of(site / "tee_errata.html")
     for slug in SLUGS:
-        checks = book.tee_checks(nbformat.read(site.parent.parent / "chapters" / f"{slug}.ipynb", as_version=4))
+        checks = book_pages.tee_checks(nbformat.read(site.parent.parent / "chapters" / f"{slug}.ipynb", as_version=4))
         assert checks, f"{slug} has no Tee check section"
         assert f"The tee check in chapter {slug[:2]}" in text
         for _, _, printed in checks:
@@ -151,8 +151,8 @@ def test_tee_check_found_wherever_its_heading_stands():
         new.new_markdown_cell("What is loose.\n\n## Further reading\n\n- a paper"),
         new.new_code_cell("print(2)", outputs=[new.new_output("stream", name="stdout", text="not this\n")]),
     ])
-    assert book.tee_checks(page) == [('Tee check: "fast"', "> the shirt\n\nWhat is loose.", ["measured 1\n"])]
-    assert book.slugify('Tee check: "fast O(1) step decode"') == "tee-check-fast-o1-step-decode"
+    assert book_pages.tee_checks(page) == [('Tee check: "fast"', "> the shirt\n\nWhat is loose.", ["measured 1\n"])]
+    assert book_pages.slugify('Tee check: "fast O(1) step decode"') == "tee-check-fast-o1-step-decode"
 
 
 def test_links_come_from_the_repository_setting(tmp_path):
