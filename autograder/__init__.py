@@ -21,3 +21,10 @@ across the sandbox's wall), ``view`` (the package a kernel sees), ``failures`` a
 ``feedback`` (what a learner reads), and the learner's commands ``check``, ``export``,
 ``lab`` and ``workspace``; ``gradescope`` runs inside Gradescope's container.
 """
+import sys
+
+# nbformat imports jsonschema, which builds rfc3987-syntax's parsers at import when that
+# package is installed (jupyter-events requires it): 1.4 s of every grader process, for an
+# "iri" format check that nbformat's validation never runs. Without it jsonschema skips
+# that one format.
+sys.modules.setdefault("rfc3987_syntax", None)

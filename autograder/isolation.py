@@ -8,12 +8,12 @@ learner's code runs, above which the memory limit sits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,12 +85,15 @@ def baseline_virtual_bytes() -> int:
 
     ``import torch`` maps far more address space than it uses, so ``RLIMIT_AS`` must sit
     above this, with the memory the learner may use on top. The measurement is cached on
-    disk per Python and torch installation.
+    disk per Python and torch installation, in the user's own cache folder: a file that
+    another user could write would set the learner's memory limit.
     """
-    cache = Path(tempfile.gettempdir()) / f"minillm-grader-vm-{abs(hash((sys.executable, _torch_version())))}.json"
+    key = hashlib.sha256(f"{sys.executable}\0{_torch_version()}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minillm" / f"grader-vm-{key}.json"
     try:
-        return int(json.loads(cache.read_text())["bytes"])
-    except (OSError, ValueError, KeyError):
+        if cache.stat().st_uid == os.geteuid() and not cache.stat().st_mode & 0o022:
+            return int(json.loads(cache.read_text())["bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     run = subprocess.run([sys.executable, "-c", _measure_script()], capture_output=True, text=True,
                          env={**os.environ, "MALLOC_ARENA_MAX": "2"}, timeout=300)
@@ -98,7 +101,10 @@ def baseline_virtual_bytes() -> int:
     # ipykernel adds threads (each with a stack) and sockets: leave room for them.
     measured += 512 * MiB
     try:
-        cache.write_text(json.dumps({"bytes": measured}))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"bytes": measured}))
+        partial.replace(cache)
     except OSError:
         pass
     return measured

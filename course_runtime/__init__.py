@@ -16,15 +16,28 @@ does, so the package reads as a plain library.
 - ``marks``: the cell grammar (export, answer and hidden-test marks, cell ids).
 - ``layout``: where the course's notebooks live, and the chapter slugs.
 """
-from .bundle import BUNDLE_MARKER, NeedsAnswer, in_student_bundle, using
-from .diagnosis import CheckFailed, NotAnswered, not_answered, unanswered, visible_check
-from .expect import close, describe, expect_close, expect_equal, expect_raises
-from .fallback import SkipUnsolved, keep_going, report_skipped
-from .session import QUICK, best_seconds, one_thread, pick_device, seed_everything, setup
+from importlib import import_module
 
-__all__ = [
-    "BUNDLE_MARKER", "CheckFailed", "NeedsAnswer", "NotAnswered", "QUICK", "SkipUnsolved", "best_seconds", "close",
-    "describe", "expect_close", "expect_equal", "expect_raises", "in_student_bundle", "keep_going", "not_answered",
-    "one_thread", "pick_device", "report_skipped", "seed_everything", "setup", "unanswered", "using",
-    "visible_check",
-]
+# Each public name and the submodule it lives in, imported on first use: the grader and the
+# build chain read ``marks`` and ``layout`` without paying for torch (over a second).
+_EXPORTS = {
+    "bundle": ["BUNDLE_MARKER", "NeedsAnswer", "in_student_bundle", "using"],
+    "diagnosis": ["CheckFailed", "NotAnswered", "not_answered", "unanswered", "visible_check"],
+    "expect": ["close", "describe", "expect_close", "expect_equal", "expect_raises"],
+    "fallback": ["SkipUnsolved", "keep_going", "report_skipped"],
+    "session": ["QUICK", "best_seconds", "one_thread", "pick_device", "seed_everything", "setup"],
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -10,7 +10,10 @@
 """
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the grader reads LEARNER_EXERCISES without importing torch (over a second)
+    from torch import nn
 
 RESIDUAL_PROJECTION = "residual_projection"
 LEARNER_EXERCISES = "__learner_exercises__"  # written by make student-bundle, read by the notebook runtime

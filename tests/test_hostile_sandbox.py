@@ -496,3 +496,30 @@ def test_a_judge_that_dies_keeps_the_verdicts_it_reached(tmp_path):
     kept = partial_verdicts(tmp_path / "verdicts.jsonl")
     assert [(v["grade_id"], v["status"]) for v in kept] == [("check_0", "passed"), ("check_1", "failed")], kept
     assert kept[1].get("judge_fault") and not kept[1].get("student"), kept[1]
+
+
+def _baseline_in_a_new_process(env: dict) -> tuple[int, float]:
+    """``baseline_virtual_bytes()`` in a fresh interpreter (a new hash seed): its value, and
+    how many measuring subprocesses it started."""
+    script = ("import subprocess\nfrom autograder import isolation\nstarted = []\nrun = subprocess.run\n"
+              "subprocess.run = lambda *a, **k: started.append(a) or run(*a, **k)\n"
+              "print(isolation.baseline_virtual_bytes(), len(started))\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    value, measured = done.stdout.split()
+    return int(value), int(measured)
+
+
+def test_the_kernels_address_space_baseline_is_measured_once_per_installation(tmp_path):
+    """Each grader or self-check process reuses the measurement (seconds: it imports torch),
+    and never takes it from a file that another user could have written."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONHASHSEED": "random"}
+    first, measured = _baseline_in_a_new_process(env)
+    assert measured == 1 and first > 0
+    again, measured = _baseline_in_a_new_process(env)
+    assert (again, measured) == (first, 0), "a second process measured again"
+    cached = next((tmp_path / "minillm").glob("grader-vm-*.json"))
+    cached.write_text('{"bytes": 1}')
+    os.chmod(cached, 0o666)
+    planted, measured = _baseline_in_a_new_process(env)
+    assert measured == 1 and planted > 1, "a file others may write set the baseline"
