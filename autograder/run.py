@@ -9,6 +9,7 @@ processes are gone when :func:`execute` returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +73,8 @@ class Zygote:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.judge", "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(), preexec_fn=die_with_parent, text=True)
-        if self.process.stdout.readline().strip() != "zygote":
-            raise RuntimeError("the judges' zygote did not start")
+        self.ready = False
+        self.lock = threading.Lock()  # one request and its answer at a time on the pipes
 
     @classmethod
     def get(cls, env: dict) -> "Zygote":
@@ -83,10 +85,17 @@ class Zygote:
         return zygote
 
     def spawn(self, plan: Path, channel: Path, log: Path, env: dict) -> int:
+        """Fork a judge; the first call waits until the zygote has imported what it needs.
+        It blocks: the run stage calls it in a thread, while the learner's kernel starts."""
         request = {"plan": str(plan), "channel": str(channel), "log": str(log), "env": env}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        return int(self.process.stdout.readline())
+        with self.lock:
+            if not self.ready:
+                if self.process.stdout.readline().strip() != "zygote":
+                    raise RuntimeError("the judges' zygote did not start")
+                self.ready = True
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            return int(self.process.stdout.readline())
 
 
 def _kill_judge(judge: tuple[int, str] | None) -> None:
@@ -167,17 +176,9 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
     channel = private / "judge.sock"
     listener = await asyncio.start_unix_server(on_connect, path=str(channel))
     os.chmod(channel, 0o600)
-    judge_pid = None
+    judge_start = asyncio.create_task(_start_judge(private, channel, env, judge_env))
+    judge = None
     fallback = None
-    try:
-        judge_pid = Zygote.get(env).spawn(private / "plan.json", channel, private / "judge.log", judge_env)
-    except (OSError, ValueError, RuntimeError):
-        fallback = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
-            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
-            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
-        judge_pid = fallback.pid
-    judge = (judge_pid, start_time(judge_pid))
     kernel = StudentKernel(sandbox, limits, notebook)
     flags = list(sandbox.flags)
     seconds = {}
@@ -197,6 +198,7 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
         flags += kernel.flags
         judge_started = time.monotonic()
         try:
+            judge, fallback = await judge_start
             reader, writer = await asyncio.wait_for(connected, 120)
             ready = await asyncio.wait_for(reader.readline(), 120)
             if ready.strip() != b"ready":
@@ -222,6 +224,9 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
             verdicts = partial_verdicts(private / "verdicts.jsonl")
         seconds["judge"] = time.monotonic() - judge_started
     finally:
+        if judge is None:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                judge, fallback = await judge_start
         _kill_judge(judge)
         if fallback is not None:
             await fallback.wait()
@@ -232,6 +237,21 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
     seconds["total"] = time.monotonic() - started
     return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
                      kernel.reason, seconds, seed, judge_error, judge_flags)
+
+
+async def _start_judge(private: Path, channel: Path, env: dict, judge_env: dict):
+    """The judge of one kernel, forked by the zygote (or started afresh where that fails):
+    ``(pid, start time)`` and the fallback process, if one was started."""
+    try:
+        pid = await asyncio.to_thread(Zygote.get(env).spawn, private / "plan.json", channel,
+                                      private / "judge.log", judge_env)
+        return (pid, start_time(pid)), None
+    except (OSError, ValueError, RuntimeError):
+        fallback = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
+            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
+            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
+        return (fallback.pid, start_time(fallback.pid)), fallback
 
 
 def partial_verdicts(path: Path) -> list[dict]:
