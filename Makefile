@@ -56,7 +56,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 # Resolves pyproject.toml's ranges with uv for every platform and Python the course supports,
-# from PyPI alone, and writes the pins with their markers into constraints.txt (README.md,
+# from PyPI alone, and writes the pins with their markers into constraints.txt (docs/platforms.md,
 # "Pinned versions"; coursebuild/constraints.py). It keeps the versions already pinned where
 # they still fit; UPGRADE=1 takes the newest that fit. uv comes into a venv of its own, so
 # this works before .venv can be installed. Then run `make clean-venv test` and commit

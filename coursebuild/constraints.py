@@ -43,10 +43,10 @@ HEADER = """\
 # Linux, pywinpty on Windows). Written by `make constraints` (uv pip compile --universal
 # against PyPI alone); do not edit by hand. No hashes: the course machines and CI install a
 # CPU wheel of torch 2.13.0 from disk, whose hash is not PyPI's. Used by `make venv` and
-# environment.yml. README.md, "Pinned versions".
+# environment.yml. docs/platforms.md, "Pinned versions".
 """
 
-# The platforms README.md names, as uv's --python-platform, and the values of the environment
+# The platforms docs/platforms.md names, as uv's --python-platform, and the values of the environment
 # markers there (PEP 508), to tell which pins of constraints.txt apply. macOS: torch 2.13.0's
 # wheels are for macOS 14 or newer, and uv assumes 13 unless told (MACOSX_DEPLOYMENT_TARGET).
 TARGETS = {

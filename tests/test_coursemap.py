@@ -63,3 +63,22 @@ def test_readme_course_map_is_the_generated_table():
         status = "ready" if entry.slug in SLUGS else "in preparation"
         assert row.rstrip(" |").endswith(status), f"README says the wrong status for {entry.slug}"
         assert (book.colab_url(entry.slug) in row) == (book.binder_url(entry.slug) in row) == (entry.slug in SLUGS)
+
+
+def test_readme_starts_a_newcomer_in_one_screen():
+    """Within README's first 60 lines: what the course is, a table of contents, the two
+    commands with their times, how a chapter works, and the whole course map; the
+    measurements live on pages of their own, linked from the contents."""
+    readme = (paths.ROOT / "README.md").read_text()
+    first = "\n".join(readme.splitlines()[:60])
+    assert first.startswith("# ") and "Jupyter textbook and exercise course" in first
+    assert first.index("**Contents:**") < first.index("## Start")
+    for section in ("Start", "How a chapter works", "Course map"):
+        assert f"## {section}" in first and f"](#{section.lower().replace(' ', '-')})" in first, section
+    for command in ("make lab", "make test"):
+        line = next(line for line in first.splitlines() if line.startswith(command + " "))
+        assert re.search(r"about \d+ minutes?", line), f"{command} has no time beside it: {line!r}"
+    assert book.course_map_table().strip() in first, "the course map does not end within the first 60 lines"
+    for page in ("docs/measured.md", "docs/platforms.md", "docs/training.md"):
+        assert f"]({page})" in first and (paths.ROOT / page).exists(), page
+    assert "## Measured" not in readme, "the measurements belong in docs/measured.md"

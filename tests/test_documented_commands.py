@@ -1,4 +1,5 @@
-"""Every command README.md, docs/grading.md and `make help` show works as written.
+"""Every command README.md (with the docs pages it links for details: measured, platforms,
+training), docs/grading.md and `make help` show works as written.
 
 Commands are extracted from the documents: every line of a ```bash or ```sh block (a
 trailing `  # comment` dropped), inline code that starts with `make `, `.venv/bin/<tool> `,
@@ -42,6 +43,8 @@ INLINE = re.compile(r"^(make [a-z]|\.venv/bin/\S+ |python -m autograder |cd |cp 
 FENCE = re.compile(r"^```(\w*)\s*$")
 COMMAND_WORDS = ("make ", "python", ".venv/", "cd ", "jupyter ", "nbgrader ", "pip ", "conda ")
 SUBMISSION_SLUG = "00_history"
+# README and the pages it moved its details to: their commands run from the repository.
+README_PAGES = ("README.md", "docs/measured.md", "docs/platforms.md", "docs/training.md")
 
 
 @dataclass
@@ -109,13 +112,15 @@ def from_make_help() -> list[Command]:
 
 
 def documented() -> list[Command]:
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert "Run the commands on this page from the repository's folder" in readme
+    for name in README_PAGES:
+        page = " ".join((ROOT / name).read_text(encoding="utf-8").split())
+        assert "Run the commands on this page from the repository's folder" in page, name
     grading = " ".join((ROOT / "docs/grading.md").read_text(encoding="utf-8").split())
     assert "activate it once in your shell with `source .venv/bin/activate`" in grading
     assert "`make` commands run from the repository's folder" in grading
     unique: dict[str, Command] = {}
-    for command in from_markdown("README.md") + from_markdown("docs/grading.md") + from_make_help():
+    pages = [command for name in (*README_PAGES, "docs/grading.md") for command in from_markdown(name)]
+    for command in pages + from_make_help():
         unique.setdefault(command.text, command)
     return list(unique.values())
 

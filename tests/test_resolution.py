@@ -1,4 +1,4 @@
-"""The install resolves where learners are: from PyPI alone, for every platform README.md
+"""The install resolves where learners are: from PyPI alone, for every platform docs/platforms.md
 names, at the lowest and the highest Python of ``requires-python``.
 
 Here pip finds a CPU wheel of torch on disk (no triton, no nvidia packages) and pip's
