@@ -136,3 +136,28 @@ def test_odd_cells_are_skipped_not_fatal(chapter):
                       {"cell_type": "code", "source": "x", "metadata": {"nbgrader": {"grade_id": 7}}}]
     rebuilt = rebuild(chapter, data)
     assert rebuilt.status["scale"] == "answered"
+
+
+def test_no_reference_flag_for_what_the_exercise_asks_for_or_for_a_local_name():
+    """The tiled forward may call the course's versions of the two exercises it builds on,
+    as chapter 10 says; a local ``w`` is the answer's own, though the master binds ``w`` to a
+    reference. Reaching this exercise's own reference, or another's, is still found."""
+    flash = Chapter.load("10_flash_attention")
+    asked = ("from minillm import flash\n"
+             "def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):\n"
+             "    m, l, acc = flash.tile_update(m, l, acc, s, v)\n"
+             "    return flash.tile_visibility(0, 0, 1, 1, 0)\n")
+    assert flash.reference_uses("tiled_attention_forward", asked) == []
+    own = asked.replace("return flash.tile_visibility(0, 0, 1, 1, 0)", "return flash.tiled_attention_forward(q, k, v)")
+    assert (True, "uses minillm.flash.tiled_attention_forward") in flash.reference_uses("tiled_attention_forward", own)
+    other = asked.replace("flash.tile_update(", "flash.score_grad(")
+    assert (False, "uses minillm.flash.score_grad") in flash.reference_uses("tiled_attention_forward", other)
+    assert (False, "imports minillm.flash") in flash.reference_uses("tiled_attention_forward", other)
+    moe = Chapter.load("11_mixture_of_experts")
+    local = ("def combine(outputs, rows, slots, weights, n_tokens):\n"
+             "    w = weights[rows, slots, None]\n    e = outputs * w\n"
+             "    return outputs.new_zeros(n_tokens, outputs.shape[-1]).index_add(0, rows, e)\n")
+    assert moe.reference_uses("combine", local) == []
+    free = "def combine(outputs, rows, slots, weights, n_tokens):\n    return outputs * w\n"
+    assert [detail for _, detail in moe.reference_uses("combine", free)] == [
+        "uses w, which may be the reference top_k_routing"]
