@@ -23,6 +23,7 @@ from .chapters import Chapter
 MAX_NOTEBOOK_BYTES = 32 * 2**20
 MAX_ANSWER_CHARS = 200_000
 MAX_CELLS = 2000  # 20 times the longest chapter: cells past these are not read
+PARSE_SECONDS = 30.0  # a 32 MiB notebook parses in about a second
 
 
 class SubmissionError(ValueError):
@@ -68,9 +69,29 @@ def read_cells(data: bytes, name: str) -> tuple[list[dict], int]:
     """The cells of a submitted notebook, read leniently but safely, and how many it has.
 
     Only what grading needs is read: each cell's type, source and ``grade_id``, of the first
-    :data:`MAX_CELLS` cells. Anything else in the file is ignored. Raises
-    :class:`SubmissionError` with a reason.
+    :data:`MAX_CELLS` cells. Anything else in the file is ignored. The file is parsed in a
+    bounded child (:func:`autograder.bounded.bounded`, :data:`PARSE_SECONDS` and a memory
+    limit): parsed, 32 MiB of small JSON objects take a gigabyte, which must never be the
+    grader's. Raises :class:`SubmissionError` with a reason.
     """
+    [(ok, read)] = bounded({"cells": lambda: _parse_cells(data, name)}, seconds=PARSE_SECONDS).values()
+    if not ok:
+        raise SubmissionError(f"{name} is not a readable notebook: {read}")
+    if "error" in read:
+        raise SubmissionError(read["error"])
+    return read["cells"], read["total"]
+
+
+def _parse_cells(data: bytes, name: str) -> dict:
+    """In the bounded child: ``{"cells": [...], "total": N}``, or ``{"error": why}``."""
+    try:
+        cells, total = _cells_of(data, name)
+    except SubmissionError as error:
+        return {"error": str(error)}
+    return {"cells": cells, "total": total}
+
+
+def _cells_of(data: bytes, name: str) -> tuple[list[dict], int]:
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{name} is {len(data) / 2**20:.0f} MiB; a notebook may be at most "
                               f"{MAX_NOTEBOOK_BYTES // 2**20} MiB (clear large outputs and submit again)")

@@ -512,3 +512,21 @@ def test_the_judge_cannot_grow_past_its_memory_limit():
             "try:\n    hog = bytearray(2**30)\nexcept MemoryError:\n    print('refused')\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "refused", run.stderr[-2000:]
+
+
+def test_a_notebook_of_small_json_objects_is_parsed_outside_the_graders_memory():
+    """Parsed, 20 MiB of tiny JSON objects take hundreds of MiB: the parse runs in the
+    bounded child, and the grader's own peak memory does not move."""
+    script = (
+        "import json, resource\n"
+        "from autograder import reconstruct\n"
+        "junk = json.dumps({'cells': [{'cell_type': 'code', 'source': 'x', 'metadata': {'j': [[0]] * 4_000_000}}],"
+        " 'nbformat': 4}).encode()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "cells, total = reconstruct.read_cells(junk, 'junk.ipynb')\n"
+        "print(len(junk) >> 20, total, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    size, total, growth = map(int, done.stdout.split())
+    assert size >= 18 and total == 1
+    assert growth < 64, f"parsing a {size} MiB notebook grew the grader's peak memory by {growth} MiB"
