@@ -33,6 +33,8 @@ help:
 	@echo "make doctor    check the environment, one OK/FAIL line per check"
 	@echo "make constraints  re-resolve the dependencies for every platform into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
+	@echo "make speedrun  train to 1.40 nats per character against the clock, and record it in data/speedrun.json (up to 10 minutes)"
+	@echo "make speedrun-verify RECORD=0  rerun a record of the leaderboard here and check that it holds"
 	@echo "make sweep     rerun chapter 08's scaling-law lab into data/scaling_sweep.json (under 30 minutes)"
 
 # Installs the course with the exact versions of constraints.txt, and again whenever
@@ -118,7 +120,7 @@ train: $(STAMP)
 # Chapter 08's scaling-law lab: every run of bench/scaling_sweep.py (six sizes on a fixed token
 # budget, the IsoFLOP grid, the learning-rate check), one torch thread; rewrites
 # data/scaling_sweep.json and prints how long it took (under 30 minutes on 2 cores).
-.PHONY: sweep
+.PHONY: sweep speedrun speedrun-verify
 sweep: $(STAMP)
 	$(BIN)/python bench/scaling_sweep.py $(SWEEP_ARGS)
 
@@ -200,6 +202,13 @@ doctor: $(LEARNER_STAMP)
 
 bench: $(STAMP)
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# The CPU speedrun (bench/speedrun.py): SPEEDRUN_ARGS='--recipe tiny --no-save' tries the tools in seconds.
+speedrun: $(STAMP)
+	$(BIN)/python bench/speedrun.py run $(SPEEDRUN_ARGS)
+
+speedrun-verify: $(STAMP)
+	$(BIN)/python bench/speedrun.py verify $(RECORD)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,70 @@
+"""The speedrun's record and its verification (bench/speedrun.py), with the seconds-long
+"tiny" recipe: a record says what ran, where and how fast; a rerun of the same code on the
+same seed verifies it; a record whose loss or code version does not match fails."""
+import copy
+import importlib.util
+import json
+
+import pytest
+
+from coursebuild import paths
+
+
+@pytest.fixture(scope="module")
+def speedrun():
+    spec = importlib.util.spec_from_file_location("bench_speedrun", paths.ROOT / "bench" / "speedrun.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_record_verifies_on_a_rerun_and_a_changed_one_does_not(speedrun, tmp_path, capsys):
+    board = tmp_path / "speedrun.json"
+    model = tmp_path / "tiny.pt"
+    assert speedrun.main(["run", "--recipe", "tiny", "--threads", "1", "--out", str(board), "--model", str(model)]) == 0
+    assert model.exists() and (tmp_path / "tiny-tokenizer.json").exists()
+    [record] = json.loads(board.read_text())["records"]
+    assert record["recipe"] == "tiny" and record["settings"] == speedrun.RECIPES["tiny"]
+    assert record["code_version"] == speedrun.code_version(speedrun.RECIPES["tiny"])
+    assert record["threads"] == 1 and record["torch"] and record["machine"]["cores"]
+    assert record["steps"] == speedrun.RECIPES["tiny"]["steps"] and not record["reached_target"]
+    assert [e["step"] for e in record["evaluations"]] == [20, 40]
+    assert 0 < record["train_seconds"] and 0 < record["nats_per_char"] < 8
+    assert record["calibration"]["nanogpt_tokens_per_second"] > 0 and record["calibration"]["matmul_gflops"] > 0
+    assert "evaluations excluded" in record["clock"]
+    assert speedrun.normalized_seconds(record) == pytest.approx(
+        record["train_seconds"] * record["calibration"]["nanogpt_tokens_per_second"]
+        / speedrun.REFERENCE_TOKENS_PER_SECOND)
+
+    assert speedrun.main(["verify", "0", "--board", str(board)]) == 0
+    assert "record 0: verified" in capsys.readouterr().out
+
+    assert speedrun.verify(record, record) == []
+    wrong_loss = copy.deepcopy(record)
+    wrong_loss["nats_per_char"] -= 0.05
+    assert any("loss" in problem for problem in speedrun.verify(wrong_loss, record))
+    other_code = copy.deepcopy(record)
+    other_code["code_version"] = "0" * 16
+    assert any("code version" in problem for problem in speedrun.verify(other_code, record))
+    slower = copy.deepcopy(record)
+    slower["train_seconds"] *= 3
+    assert any("normalized time" in problem for problem in speedrun.verify(record, slower))
+
+    speedrun.save_board([wrong_loss], board)
+    assert speedrun.main(["verify", "0", "--board", str(board)]) == 1
+    assert "NOT verified" in capsys.readouterr().out
+
+
+def test_the_leaderboard_sorts_by_normalized_time_and_refuses_a_missing_record(speedrun, tmp_path, capsys):
+    base = {"recipe": "course", "nats_per_char": 1.39, "steps": 2000, "threads": 2, "reached_target": True,
+            "machine": {"cpu": "x"}}
+    fast_machine = dict(base, train_seconds=300.0, calibration={"nanogpt_tokens_per_second": 40_000.0})
+    slow_machine = dict(base, train_seconds=400.0, calibration={"nanogpt_tokens_per_second": 20_000.0})
+    missed = dict(base, train_seconds=100.0, reached_target=False, calibration={"nanogpt_tokens_per_second": 20_000.0})
+    lines = speedrun.board_lines([fast_machine, slow_machine, missed])
+    assert [line.split()[0] for line in lines[1:]] == ["1", "0", "2"], lines
+    board = tmp_path / "board.json"
+    speedrun.save_board([slow_machine], board)
+    with pytest.raises(SystemExit):
+        speedrun.main(["verify", "3", "--board", str(board)])
+    assert "record must be 0 to 0" in capsys.readouterr().err
