@@ -370,6 +370,7 @@ def test_a_sandbox_whose_namespace_was_never_held_kills_nothing(tmp_path):
     finally:
         later.kill()
         later.wait()
+        first.remove()
         second.remove()
 
 
