@@ -188,6 +188,10 @@ class Job:
     layout: str = "single"  # how the file was found: nbgrader, flat, single (or duplicate)
     problem: str = ""       # why the file is not read (a link, a duplicate, ...): it scores 0 with this
 
+    def submission(self) -> dict:
+        """What a result says of the file it graded."""
+        return {"file": self.path, "name": self.name, "student": self.student, "layout": self.layout}
+
 
 @dataclass
 class Collected:

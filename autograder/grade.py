@@ -82,7 +82,7 @@ def grade_submission(job: Job, limits: Limits, jobs: int = 1, seed: int | None =
     scores 0 with the reason (never a ``grader_error``, which would be graded again forever).
     """
     chapter = load_chapter(job.chapter)
-    submission = {"file": job.path, "name": job.name, "student": job.student, "layout": job.layout}
+    submission = job.submission()
     if job.problem:
         return report.not_graded(chapter, score.unreadable(chapter, job.problem, submission))
     path = Path(job.path)
@@ -129,9 +129,7 @@ def _grade_job(job: Job, limits: Limits, jobs: int, seed: int | None, scratch: s
         first_line = (str(error).splitlines() or [""])[0][:300]
         outcome = score.unreadable(chapter, f"not graded: the grader failed on this notebook ({type(error).__name__}: "
                                    f"{first_line}); it will be graded again on the next run",
-                                   {"file": job.path, "name": job.name, "student": job.student,
-                                    "layout": job.layout},
-                                   kind="grader-error", grader_error=detail)
+                                   job.submission(), kind="grader-error", grader_error=detail)
         return report.not_graded(chapter, outcome)
 
 
