@@ -43,6 +43,7 @@ from .book_pages import instructor_page, present, tech_band_page, tee_errata_pag
 OUT = paths.ROOT / "build" / "book"
 MATHJAX = paths.ROOT / "autograder" / "vendor" / "mathjax"
 GRADING = paths.ROOT / "docs" / "grading.md"
+TEMPLATES = Path(__file__).with_name("book_templates")
 # The branch whose notebooks Colab and Binder open.
 BRANCH = "main"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -197,6 +198,8 @@ sphinx:
     smartquotes: false
     # Long names in code (a test's full name) wrap inside a table's cell.
     html_css_files: [book.css]
+    # Two of the theme's buttons, named as axe's WCAG 2.1 checks ask (coursebuild/book_templates).
+    templates_path: [{templates}]
     # Widgets would need JavaScript from a CDN; their outputs are dropped.
     nb_ipywidgets_js: {{}}
     # Without a default colour mode the theme logs an error on every page (its layout reads
@@ -209,7 +212,13 @@ sphinx:
 """
 
 
-CSS = "table code, table code span.pre { white-space: normal; overflow-wrap: anywhere; }\n"
+CSS = (
+    # A long name or address in code (a test's full name, a URL) wraps inside the column.
+    "code.literal, code.literal span.pre { white-space: normal; overflow-wrap: anywhere; }\n"
+    # A display equation wider than the column scrolls in its own box (the theme's overflow:
+    # auto on both axes would also show a vertical scrollbar); its tabindex reaches it by keyboard.
+    'mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }\n'
+)
 
 
 def toc(pages: dict[str, object]) -> str:
@@ -231,7 +240,8 @@ def write_source(src: Path) -> dict[str, object]:
         nbformat.write(page, src / "chapters" / f"{slug}.ipynb")
     texts = {"index.md": index_page(pages), "tech_band.md": tech_band_page(), "tee_errata.md": tee_errata_page(pages),
              "instructor.md": instructor_page(), "workshop.md": workshop_page(),
-             "grading.md": GRADING.read_text(encoding="utf-8"), "_config.yml": CONFIG.format(extensions=json.dumps(str(Path(__file__).parent))), "_toc.yml": toc(pages)}
+             "grading.md": GRADING.read_text(encoding="utf-8"), "_config.yml": CONFIG.format(extensions=json.dumps(str(Path(__file__).parent)),
+                                                                   templates=json.dumps(str(TEMPLATES))), "_toc.yml": toc(pages)}
     for name, text in texts.items():
         (src / name).write_text(text, encoding="utf-8")
     shutil.copytree(MATHJAX, src / "_static" / "mathjax")

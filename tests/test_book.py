@@ -220,3 +220,36 @@ def test_every_page_renders_offline_in_chromium(site):
         assert any("04_attention" in href for href in found), found
     assert broken == [], f"internal links that lead nowhere: {broken[:10]}"
     assert requests == [], f"pages asked the network for {requests[:5]}"
+
+
+@pytest.mark.skipif(browser.MISSING is not None, reason=str(browser.MISSING))
+def test_nothing_stands_past_the_column_and_no_serious_accessibility_violation(site):
+    """On every page, at a desktop width: no element (display math, a table, code, an image)
+    extends past the content column outside a scroll box of its own, and axe-core finds no
+    serious or critical WCAG 2.1 A/AA violation."""
+    overflow, violations = [], []
+    with browser.page() as tab:
+        tab.route("http*://**", lambda route: route.abort())
+        for page in pages(site):
+            name = page.relative_to(site).as_posix()
+            tab.goto(page.as_uri(), wait_until="load")
+            overflow += [f"{name}: {line}" for line in browser.overflowing(tab)]
+            violations += [f"{name}: {v['id']} ({v['impact']}) {v['help']}: {v['nodes'][:3]}"
+                           for v in browser.accessibility_violations(tab) if v["impact"] in ("serious", "critical")]
+    assert overflow == [], f"{len(overflow)} elements stand past the column: {overflow[:10]}"
+    assert violations == [], f"{len(violations)} serious or critical violations: {violations[:10]}"
+
+
+@pytest.mark.skipif(browser.MISSING is not None, reason=str(browser.MISSING))
+def test_the_page_checks_can_fail(tmp_path):
+    """The overflow measure and axe each find what they look for on a page made to fail."""
+    page = tmp_path / "bad.html"
+    page.write_text('<!doctype html><html lang="en"><head><title>t</title></head><body><main>'
+                    '<article class="bd-article" style="width: 300px"><h1>t</h1>'
+                    '<div style="overflow: hidden"><pre style="width: 900px">wide</pre></div>'
+                    '<div style="overflow-x: auto" tabindex="0"><pre style="width: 900px">scrolls</pre></div>'
+                    '<img src="x.png"></article></main></body></html>')
+    with browser.page() as tab:
+        tab.goto(page.as_uri(), wait_until="load")
+        assert [line.split(">")[0] for line in browser.overflowing(tab)] == ['<pre class=""']
+        assert "image-alt" in {v["id"] for v in browser.accessibility_violations(tab)}
