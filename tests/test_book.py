@@ -82,8 +82,6 @@ def test_chapter_page_holds_the_learners_text_and_no_secret(site, slug):
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade")):
             assert cell.outputs == [], f"{slug}: answer or test cell {cell.id} shows outputs"
     assert any(cell.get("outputs") for cell in source.cells if cell.cell_type == "code"), "stored outputs are shown"
-    assert book.colab_url(slug) in page_html(site, f"chapters/{slug}.html")
-    assert book.binder_url(slug).replace("&", "&amp;") in page_html(site, f"chapters/{slug}.html")
 
 
 def page_html(site: Path, name: str) -> str:
@@ -153,6 +151,36 @@ def test_tee_check_found_wherever_its_heading_stands():
     ])
     assert book_pages.tee_checks(page) == [('Tee check: "fast"', "> the shirt\n\nWhat is loose.", ["measured 1\n"])]
     assert book_pages.slugify('Tee check: "fast O(1) step decode"') == "tee-check-fast-o1-step-decode"
+
+
+LAUNCH = re.compile(r"PLACEHOLDER|colab\.research\.google\.com|mybinder\.org")
+
+
+def test_no_placeholder_or_launch_link_is_published(site):
+    """While the repository's address is the placeholder, README and no file of the site
+    (pages, their sources, the search index) names it or links to Colab or Binder."""
+    assert book.placeholder(), "pyproject.toml holds a real address: this test is for the placeholder"
+    assert not LAUNCH.search((paths.ROOT / "README.md").read_text(encoding="utf-8"))
+    found = [f"{path.relative_to(site)}: {LAUNCH.search(path.read_text(encoding='utf-8', errors='replace')).group(0)}"
+             for path in sorted(site.rglob("*")) if path.is_file() and path.relative_to(site).parts[0] != "_static"
+             and LAUNCH.search(path.read_text(encoding="utf-8", errors="replace"))]
+    assert found == [], f"published with the placeholder address: {found[:10]}"
+
+
+def test_a_real_address_publishes_well_formed_links(monkeypatch):
+    monkeypatch.setattr(book.colab, "repository", lambda root=None: "https://github.com/someone/course")
+    assert not book.placeholder()
+    table = book.course_map_table()
+    assert "| open in |" in table.splitlines()[0]
+    entry = next(e for e in book.CHAPTERS if e.slug == SLUGS[0])
+    page = book.chapter_page(entry)
+    index = book.index_page({entry.slug: page})
+    colab = f"https://colab.research.google.com/github/someone/course/blob/main/chapters/{entry.slug}/{entry.slug}.ipynb"
+    binder = f"https://mybinder.org/v2/gh/someone/course/main?labpath=work%2F{entry.slug}%2F{entry.slug}.ipynb"
+    for text in (table, index, page.cells[0].source):
+        assert f"[Colab]({colab}) · [Binder]({binder})" in text
+    assert "PLACEHOLDER" not in table + index
+    assert any(cell.id == "colab-setup" for cell in page.cells), "the Colab set-up cell is shown once it clones a real address"
 
 
 def test_links_come_from_the_repository_setting(tmp_path):
