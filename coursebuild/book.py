@@ -35,6 +35,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_runtime import marks
 from minillm.coursemap import CHAPTERS, Chapter
 
 from . import colab, paths
@@ -43,6 +44,7 @@ from .book_pages import instructor_page, present, tech_band_page, tee_errata_pag
 OUT = paths.ROOT / "build" / "book"
 MATHJAX = paths.ROOT / "autograder" / "vendor" / "mathjax"
 GRADING = paths.ROOT / "docs" / "grading.md"
+TEMPLATES = Path(__file__).with_name("book_templates")
 # The branch whose notebooks Colab and Binder open.
 BRANCH = "main"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -83,15 +85,17 @@ def placeholder() -> bool:
 
 
 def course_map_table() -> str:
-    """README's course map: one row per chapter of :data:`CHAPTERS`."""
-    rows = ["| ch | notebook | topic | on the tee | adds to `minillm` | time | open in | status |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """README's course map: one row per chapter of :data:`CHAPTERS`; Colab and Binder links
+    only once the repository has a real address."""
+    links = not placeholder()
+    head = ["ch", "notebook", "topic", "on the tee", "adds to `minillm`", "time"] + ["open in"] * links + ["status"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for entry in CHAPTERS:
         modules = ", ".join(f"`{m.removeprefix('minillm.')}`" for m in entry.modules)
         ready = present(entry)
-        rows.append(f"| {entry.slug[:2]} | `{entry.slug}` | {entry.title} | {entry.tee} | {modules} | "
-                    f"{entry.minutes} min | {launch_links(entry.slug) if ready else ''} | "
-                    f"{'ready' if ready else 'in preparation'} |")
+        cells = [entry.slug[:2], f"`{entry.slug}`", entry.title, entry.tee, modules, f"{entry.minutes} min"]
+        cells += [launch_links(entry.slug) if ready else ""] * links + ["ready" if ready else "in preparation"]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -125,17 +129,16 @@ def chapter_page(entry: Chapter):
     for cell in release.cells:
         cell = copy.deepcopy(cell)
         if cell.cell_type == "code":
-            if cell.source.strip() == HIDDEN_ONLY:
+            # The Colab set-up cell clones the repository's address: none to show until it is real.
+            if cell.source.strip() == HIDDEN_ONLY or (cell.id == marks.COLAB_SETUP_ID and placeholder()):
                 continue
             source = solution.get(cell.id)
             if source is not None and not _is_answer_or_test(cell) and not _is_answer_or_test(source):
                 cell.outputs = _without_widgets(source.outputs)
                 cell.execution_count = source.get("execution_count")
         cells.append(cell)
-    note = (f"*Open this chapter in* {launch_links(entry.slug)} *(it sets itself up there), or run it locally "
-            f"with `make lab`.* Time: about {entry.minutes} minutes.")
-    if placeholder():
-        note += " The links work once the repository is published."
+    where = "" if placeholder() else f"*Open this chapter in* {launch_links(entry.slug)} *(it sets itself up there), or* "
+    note = f"{where or '*'}{'r' if where else 'R'}*un it locally with `make lab`.* Time: about {entry.minutes} minutes."
     # Under the chapter's title: the title line of its first cell, or the page's top.
     title, _, rest = cells[0].source.partition("\n") if cells and cells[0].cell_type == "markdown" else ("", "", "")
     if title.startswith("# "):
@@ -147,24 +150,24 @@ def chapter_page(entry: Chapter):
 
 
 def index_page(pages: dict[str, object]) -> str:
+    links = not placeholder()
     lines = ["# The Transformer, one component at a time", "",
              "A Jupyter textbook and exercise course on how large language models work, from the 2017 "
              "Transformer to DPO. Each chapter teaches one component, with the maths, the code, figures "
              "and graded exercises; the code a learner writes becomes part of `minillm`, a small, real, "
              "tested LLM package. These pages show each chapter as a learner gets it, with the outputs of "
              "a full run: the exercises are left for you.", "",
-             "| ch | chapter | on the tee | time | open in |", "| --- | --- | --- | --- | --- |"]
+             "| ch | chapter | on the tee | time |" + " open in |" * links, "|" + " --- |" * (4 + links)]
     for entry in CHAPTERS:
         if entry.slug in pages:
             lines.append(f"| {entry.slug[:2]} | [{entry.title}](chapters/{entry.slug}.ipynb) | {entry.tee} | "
-                         f"{entry.minutes} min | {launch_links(entry.slug)} |")
+                         f"{entry.minutes} min |" + f" {launch_links(entry.slug)} |" * links)
         else:
-            lines.append(f"| {entry.slug[:2]} | {entry.title} (in preparation) | {entry.tee} | {entry.minutes} min | |")
+            lines.append(f"| {entry.slug[:2]} | {entry.title} (in preparation) | {entry.tee} | {entry.minutes} min |"
+                         + " |" * links)
     lines += ["", "Also here: [the Tech Band index](tech_band.md), [the tee errata](tee_errata.md), "
               "[the instructor guide](instructor.md), [running a workshop](workshop.md) and "
               "[grading](grading.md).", ""]
-    if placeholder():
-        lines += ["The Colab and Binder links work once the repository is published.", ""]
     return "\n".join(lines)
 
 
@@ -197,6 +200,8 @@ sphinx:
     smartquotes: false
     # Long names in code (a test's full name) wrap inside a table's cell.
     html_css_files: [book.css]
+    # Two of the theme's buttons, named as axe's WCAG 2.1 checks ask (coursebuild/book_templates).
+    templates_path: [{templates}]
     # Widgets would need JavaScript from a CDN; their outputs are dropped.
     nb_ipywidgets_js: {{}}
     # Without a default colour mode the theme logs an error on every page (its layout reads
@@ -209,7 +214,13 @@ sphinx:
 """
 
 
-CSS = "table code, table code span.pre { white-space: normal; overflow-wrap: anywhere; }\n"
+CSS = (
+    # A long name or address in code (a test's full name, a URL) wraps inside the column.
+    "code.literal, code.literal span.pre { white-space: normal; overflow-wrap: anywhere; }\n"
+    # A display equation wider than the column scrolls in its own box (the theme's overflow:
+    # auto on both axes would also show a vertical scrollbar); its tabindex reaches it by keyboard.
+    'mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }\n'
+)
 
 
 def toc(pages: dict[str, object]) -> str:
@@ -231,7 +242,8 @@ def write_source(src: Path) -> dict[str, object]:
         nbformat.write(page, src / "chapters" / f"{slug}.ipynb")
     texts = {"index.md": index_page(pages), "tech_band.md": tech_band_page(), "tee_errata.md": tee_errata_page(pages),
              "instructor.md": instructor_page(), "workshop.md": workshop_page(),
-             "grading.md": GRADING.read_text(encoding="utf-8"), "_config.yml": CONFIG.format(extensions=json.dumps(str(Path(__file__).parent))), "_toc.yml": toc(pages)}
+             "grading.md": GRADING.read_text(encoding="utf-8"), "_config.yml": CONFIG.format(extensions=json.dumps(str(Path(__file__).parent)),
+                                                                   templates=json.dumps(str(TEMPLATES))), "_toc.yml": toc(pages)}
     for name, text in texts.items():
         (src / name).write_text(text, encoding="utf-8")
     shutil.copytree(MATHJAX, src / "_static" / "mathjax")

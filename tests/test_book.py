@@ -82,8 +82,6 @@ def test_chapter_page_holds_the_learners_text_and_no_secret(site, slug):
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade")):
             assert cell.outputs == [], f"{slug}: answer or test cell {cell.id} shows outputs"
     assert any(cell.get("outputs") for cell in source.cells if cell.cell_type == "code"), "stored outputs are shown"
-    assert book.colab_url(slug) in page_html(site, f"chapters/{slug}.html")
-    assert book.binder_url(slug).replace("&", "&amp;") in page_html(site, f"chapters/{slug}.html")
 
 
 def page_html(site: Path, name: str) -> str:
@@ -155,6 +153,36 @@ def test_tee_check_found_wherever_its_heading_stands():
     assert book_pages.slugify('Tee check: "fast O(1) step decode"') == "tee-check-fast-o1-step-decode"
 
 
+LAUNCH = re.compile(r"PLACEHOLDER|colab\.research\.google\.com|mybinder\.org")
+
+
+def test_no_placeholder_or_launch_link_is_published(site):
+    """While the repository's address is the placeholder, README and no file of the site
+    (pages, their sources, the search index) names it or links to Colab or Binder."""
+    assert book.placeholder(), "pyproject.toml holds a real address: this test is for the placeholder"
+    assert not LAUNCH.search((paths.ROOT / "README.md").read_text(encoding="utf-8"))
+    found = [f"{path.relative_to(site)}: {LAUNCH.search(path.read_text(encoding='utf-8', errors='replace')).group(0)}"
+             for path in sorted(site.rglob("*")) if path.is_file() and path.relative_to(site).parts[0] != "_static"
+             and LAUNCH.search(path.read_text(encoding="utf-8", errors="replace"))]
+    assert found == [], f"published with the placeholder address: {found[:10]}"
+
+
+def test_a_real_address_publishes_well_formed_links(monkeypatch):
+    monkeypatch.setattr(book.colab, "repository", lambda root=None: "https://github.com/someone/course")
+    assert not book.placeholder()
+    table = book.course_map_table()
+    assert "| open in |" in table.splitlines()[0]
+    entry = next(e for e in book.CHAPTERS if e.slug == SLUGS[0])
+    page = book.chapter_page(entry)
+    index = book.index_page({entry.slug: page})
+    colab = f"https://colab.research.google.com/github/someone/course/blob/main/chapters/{entry.slug}/{entry.slug}.ipynb"
+    binder = f"https://mybinder.org/v2/gh/someone/course/main?labpath=work%2F{entry.slug}%2F{entry.slug}.ipynb"
+    for text in (table, index, page.cells[0].source):
+        assert f"[Colab]({colab}) · [Binder]({binder})" in text
+    assert "PLACEHOLDER" not in table + index
+    assert any(cell.id == "colab-setup" for cell in page.cells), "the Colab set-up cell is shown once it clones a real address"
+
+
 def test_links_come_from_the_repository_setting(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project.urls]\nRepository = "https://github.com/someone/course"\n')
     assert book.colab_url("04_attention", tmp_path) == (
@@ -220,3 +248,36 @@ def test_every_page_renders_offline_in_chromium(site):
         assert any("04_attention" in href for href in found), found
     assert broken == [], f"internal links that lead nowhere: {broken[:10]}"
     assert requests == [], f"pages asked the network for {requests[:5]}"
+
+
+@pytest.mark.skipif(browser.MISSING is not None, reason=str(browser.MISSING))
+def test_nothing_stands_past_the_column_and_no_serious_accessibility_violation(site):
+    """On every page, at a desktop width: no element (display math, a table, code, an image)
+    extends past the content column outside a scroll box of its own, and axe-core finds no
+    serious or critical WCAG 2.1 A/AA violation."""
+    overflow, violations = [], []
+    with browser.page() as tab:
+        tab.route("http*://**", lambda route: route.abort())
+        for page in pages(site):
+            name = page.relative_to(site).as_posix()
+            tab.goto(page.as_uri(), wait_until="load")
+            overflow += [f"{name}: {line}" for line in browser.overflowing(tab)]
+            violations += [f"{name}: {v['id']} ({v['impact']}) {v['help']}: {v['nodes'][:3]}"
+                           for v in browser.accessibility_violations(tab) if v["impact"] in ("serious", "critical")]
+    assert overflow == [], f"{len(overflow)} elements stand past the column: {overflow[:10]}"
+    assert violations == [], f"{len(violations)} serious or critical violations: {violations[:10]}"
+
+
+@pytest.mark.skipif(browser.MISSING is not None, reason=str(browser.MISSING))
+def test_the_page_checks_can_fail(tmp_path):
+    """The overflow measure and axe each find what they look for on a page made to fail."""
+    page = tmp_path / "bad.html"
+    page.write_text('<!doctype html><html lang="en"><head><title>t</title></head><body><main>'
+                    '<article class="bd-article" style="width: 300px"><h1>t</h1>'
+                    '<div style="overflow: hidden"><pre style="width: 900px">wide</pre></div>'
+                    '<div style="overflow-x: auto" tabindex="0"><pre style="width: 900px">scrolls</pre></div>'
+                    '<img src="x.png"></article></main></body></html>')
+    with browser.page() as tab:
+        tab.goto(page.as_uri(), wait_until="load")
+        assert [line.split(">")[0] for line in browser.overflowing(tab)] == ['<pre class=""']
+        assert "image-alt" in {v["id"] for v in browser.accessibility_violations(tab)}

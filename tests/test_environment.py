@@ -3,7 +3,9 @@ constraints.txt pins every package exactly, and make venv, environment.yml, the 
 `make doctor` agree with them."""
 import ast
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
 import tomllib
 
@@ -149,9 +151,28 @@ def test_make_venv_and_environment_yml_install_with_the_constraints():
     env = yaml.safe_load((paths.ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     requirements = [line for line in pip_section if not line.startswith("--")]
-    assert requirements == ["-c constraints.txt", "-e ."], "environment.yml must not keep its own list"
+    assert requirements == ["-c ${PWD}/constraints.txt", "-e ."], "environment.yml must not keep its own list"
     (python,) = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python=")]
     assert SpecifierSet(PROJECT["requires-python"]).contains(python.split("=", 1)[1] + ".0")
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["temp-file-beside-environment.yml", "temp-file-in-tmp"])
+def test_environment_ymls_constraints_are_found_wherever_the_temporary_file_is(tmp_path, beside):
+    """conda and micromamba write the pip section to a temporary requirements file, beside
+    environment.yml or in /tmp, and run pip in the repository: the constraints file is
+    found either way (pip stops at the unknown requirement after reading it)."""
+    env = yaml.safe_load((paths.ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    folder = paths.ROOT if beside else tmp_path
+    temporary = folder / f"condaenv.{tmp_path.name}.requirements.txt"
+    temporary.write_text("".join(f"{line}\n" for line in pip_section if line.startswith("-c")) + "no-such-package-x\n")
+    try:
+        run = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "-r", str(temporary)],
+                             cwd=paths.ROOT, env={**os.environ, "PWD": str(paths.ROOT)}, capture_output=True, text=True)
+    finally:
+        temporary.unlink()
+    assert "Could not open requirements file" not in run.stderr, run.stderr
+    assert "no-such-package-x" in run.stderr, run.stderr
 
 
 def test_requires_python_is_what_readme_doctor_and_this_python_say():
