@@ -142,6 +142,7 @@ from minillm.ffn import FFNS, default_d_ff
 from minillm.markers import is_residual_projection
 from minillm.norm import NORMS, build_norm
 from minillm.positional import POSITIONS
+from minillm.precision import compute_dtype
 
 IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.cross_entropy)
 
@@ -405,7 +406,8 @@ class GPT(nn.Module):
         logits = self.token_embedding.logits(x) if self.lm_head is None else self.lm_head(x)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, self.config.vocab_size).float(), targets.reshape(-1).long(),
+        flat_logits = logits.reshape(-1, self.config.vocab_size)  # a half-precision softmax would round the loss
+        loss = F.cross_entropy(flat_logits.to(compute_dtype(logits.dtype)), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX)
         aux_loss = self._collect_aux_losses()
         return logits, loss if aux_loss is None else loss + aux_loss
@@ -684,6 +686,7 @@ import torch
 from torch import nn
 
 from minillm.model import IGNORE_INDEX
+from minillm.precision import compute_dtype
 
 # %%
 #| answer summed_nll
@@ -831,7 +834,7 @@ def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, b
                 width = min(context, len(ids) - 1 - group[0])
                 windows = torch.stack([ids[s: s + width + 1] for s in group]).long().to(device)
                 logits, _ = model(windows[:, :-1])
-                total += summed_nll(logits.float(), windows[:, 1:]).item()
+                total += summed_nll(logits.to(compute_dtype(logits.dtype)), windows[:, 1:]).item()
                 count += windows[:, 1:].numel()
     finally:
         model.train(was_training)
@@ -1848,6 +1851,8 @@ temperature, then top-k, then top-p, then one draw per row. Drawing with a seede
 """
 import torch
 
+from minillm.precision import compute_dtype
+
 
 def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
@@ -2052,7 +2057,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p == 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    probs = torch.softmax(sorted_logits.to(compute_dtype(logits.dtype)), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     remove_sorted = mass_before >= p
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
@@ -2187,7 +2192,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 # %% [markdown]

@@ -106,6 +106,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from minillm.checks import boolean, positive_int
+from minillm.precision import compute_dtype
 
 # %% [markdown]
 # ## The memory problem, measured
@@ -990,7 +991,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     boolean("causal", causal)
     positive_int("block_q", block_q)
     positive_int("block_k", block_k)
-    compute = torch.promote_types(q.dtype, torch.float32)
+    compute = compute_dtype(q.dtype)
     out = FlashAttentionFunction.apply(q.to(compute), k.to(compute), v.to(compute), causal, block_q, block_k)
     return out.to(q.dtype)
 
