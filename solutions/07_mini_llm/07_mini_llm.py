@@ -1734,11 +1734,11 @@ print(f"the final model on 256 windows of each text: training {on_train[0] / on_
       f"validation {on_val[0] / on_val[1]:.2f} nats per token")
 
 # %% [markdown]
-# The last validation loss (4.43) lies below the last training loss (4.68), which is
+# The last validation loss (4.43) lies below the last training loss (4.66), which is
 # only noise. The training figure is the mean over the last 10 batches, each measured
 # before its step; the validation figure comes from 16 windows. Both are small samples,
-# and on 256 windows of each text the final model scores about the same on both, 4.63
-# on training text and 4.59 on validation text: after 500 steps, one and a half passes
+# and on 256 windows of each text the final model scores about the same on both, 4.62
+# on training text and 4.58 on validation text: after 500 steps, one and a half passes
 # over the training text, it has not begun to memorize.
 #
 # The shipped model went through the same loop for much longer: `make train` ran the
@@ -2526,12 +2526,12 @@ for name, total in results.items():
 # %% [markdown]
 # (Full mode; after the 40 steps of quick mode neither model has learned much.) Two
 # things show. The encoder predicts a hidden token better when it can see what follows,
-# 5.73 nats per token against 5.89 with the left side only: it has learned to use the
+# 5.52 nats per token against 6.12 with the left side only: it has learned to use the
 # right side, which a GPT never sees. And yet the GPT, trained for as many steps on the
-# same batches, predicts *better*, 4.64, from the left side alone than the encoder does
+# same batches, predicts *better*, 4.62, from the left side alone than the encoder does
 # from both: every position of every window was a training target for the GPT, but only
 # the 15% the encoder hid were targets for it. Given only the left side, the situation of
-# generating text, the encoder is far behind (5.89 against 4.64). Masked language models
+# generating text, the encoder is far behind (6.12 against 4.62). Masked language models
 # need much more training for the same quality (the ELECTRA paper, 2020, makes this its
 # starting point), and what they are good at is *representing* a given text, not
 # continuing it.
@@ -2573,7 +2573,7 @@ plt.show()
 # *Model answer.* The encoder was trained to fill a hidden token *given both sides*; when
 # generating, the right side does not exist yet, so every step would present it with an
 # input unlike its training (a prefix ending in the mask, nothing after it), where it
-# predicts worst (5.89 nats per token above, against 5.73 with both sides and 4.64 for
+# predicts worst (6.12 nats per token above, against 5.52 with both sides and 4.62 for
 # the GPT), and its predictions are not a proper left-to-right distribution: there is no
 # factorization $p(x) = \prod_t p(x_t \mid x_{<t})$ to sample from. It would also have to rerun
 # everything each step, because a new token changes the representation of every earlier
