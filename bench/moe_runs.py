@@ -2,6 +2,7 @@
 
     python bench/moe_runs.py                 # the full runs; writes data/moe_runs.json and data/moe-vs-dense.png
     python bench/moe_runs.py --figure-only   # only the figure, from the cache
+    python bench/moe_runs.py --recount-flops  # flops_per_token of every cached run, from its config; then the figure
     python bench/moe_runs.py --steps 20 --seeds 1 --out /tmp/moe_runs.json --figure /tmp/moe.png   # a quick check
 
 On the bundled corpus and the course's model shape (``minillm.recipe``: 4 layers, d_model
@@ -17,8 +18,10 @@ same data order for a given seed:
 
 It logs the held-out loss (dropless evaluation), the language-model and auxiliary losses,
 and the routing of every MoE layer (share of each expert, drop rate, router entropy, logit
-size) over training; then, on the trained seed-0 models, the drop rate at capacity factors
-1.0, 1.25 and 2.0, and which tokens each expert of the seed-0 model takes. Runs go to
+size) over training, and the training FLOPs per token by chapter 08's formula
+(``minillm.scaling.training_flops``: 6 N plus attention's 12 L T d_attn); then, on the
+trained seed-0 models, the drop rate at capacity factors 1.0, 1.25 and 2.0, and which
+tokens each expert of the seed-0 model takes. Runs go to
 ``--workers`` processes of one thread each; the JSON records the command and its time.
 """
 from __future__ import annotations
@@ -35,9 +38,10 @@ from pathlib import Path
 import torch
 
 from minillm import data
-from minillm.model import GPT, count_parameters
+from minillm.model import GPT, GPTConfig, count_parameters
 from minillm.moe import MoEFeedForward, routing_metrics
 from minillm.recipe import load_pretrained, recipe_config, recipe_train_config
+from minillm.scaling import training_flops
 from minillm.batches import BatchSampler
 from minillm.train import held_out_loss, train
 
@@ -57,9 +61,17 @@ def run_configs(vocab_size: int, seeds) -> dict:
 
 
 def flops_per_token(config) -> int:
-    """Training FLOPs per token: 6 x the active parameters (the tied embedding is the output
-    head's matrix product) plus attention's scores, 6 x layers x context x d_model (Kaplan et al., 2020)."""
-    return 6 * count_parameters(config, active=True) + 6 * config.n_layers * config.context_length * config.d_model
+    """Training FLOPs per token in full windows: chapter 08's ``training_flops(config, 1)``, whose
+    N counts a mixture's active parameters (the router and top_k experts)."""
+    return training_flops(config, 1)
+
+
+def recount_flops(cache: dict) -> dict:
+    """``cache`` with every run's ``flops_per_token`` recounted from the run's stored config
+    (no training: the count depends on the config alone)."""
+    runs = {name: {**run, "flops_per_token": flops_per_token(GPTConfig.from_dict(run["config"]))}
+            for name, run in cache["runs"].items()}
+    return {**cache, "runs": runs}
 
 
 def loss_with_routing(model, batch):
@@ -199,6 +211,11 @@ def draw(cache_path: Path, figure_path: Path) -> None:
     print(f"wrote {figure_path}")
 
 
+def write_cache(path: Path, cache: dict) -> None:
+    path.write_text(json.dumps(cache, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=800)
@@ -209,8 +226,12 @@ def main(argv=None) -> None:
     parser.add_argument("--figure", default=str(data.data_dir() / "moe-vs-dense.png"),
                         help="where the loss figure goes (default: %(default)s)")
     parser.add_argument("--figure-only", action="store_true", help="only draw the figure from the cache in --out")
+    parser.add_argument("--recount-flops", action="store_true",
+                        help="recount flops_per_token in the cache in --out from its configs, then draw the figure")
     args = parser.parse_args(argv)
-    if args.figure_only:
+    if args.recount_flops:
+        write_cache(Path(args.out), recount_flops(json.loads(Path(args.out).read_text())))
+    if args.figure_only or args.recount_flops:
         draw(Path(args.out), Path(args.figure))
         return
     start = time.perf_counter()
@@ -232,8 +253,8 @@ def main(argv=None) -> None:
            "threads_per_worker": 1, "torch": torch.__version__, "python": platform.python_version(),
            "steps": args.steps, "batch_size": args.batch_size, "moe_options": MOE_OPTIONS,
            "runs": {name: runs[name] for name in configs}}
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out} in {seconds:.0f} s")
+    write_cache(Path(args.out), out)
+    print(f"trained in {seconds:.0f} s")
     draw(Path(args.out), Path(args.figure))
 
 

@@ -208,8 +208,10 @@ def _checked_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch
     return mask.to(q.dtype) if mask.is_floating_point() else mask
 
 
-def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
-    """How many query heads share each K/V head: n_heads // n_kv_heads (``ValueError`` unless it divides)."""
+def kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
+    """How many query heads share each K/V head, for q (..., n_heads, q_len, d) and k (..., n_kv_heads,
+    k_len, d): n_heads // n_kv_heads. ``ValueError`` naming k and v unless n_kv_heads divides n_heads.
+    Every backend checks grouped-query attention's shapes with it (chapter 10's too)."""
     n_heads, n_kv_heads = q.shape[-3], k.shape[-3]
     if n_heads % n_kv_heads:
         raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
@@ -225,7 +227,7 @@ def math_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     query's own position), so that path skips the guard against fully masked queries and
     its passes over the scores.
     """
-    n_rep = _kv_groups(q, k)
+    n_rep = kv_groups(q, k)
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     q_len, k_len = q.shape[-2], k.shape[-2]
     causal = causal and q_len > 1  # a single query is the last position: it may see every key
@@ -252,7 +254,7 @@ def sdpa_attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     Causal attention over as many keys as queries, without a mask, builds no mask: the
     kernel's own ``is_causal`` then means the same.
     """
-    gqa = _kv_groups(q, k) > 1  # only then: some of torch's kernels do not take enable_gqa
+    gqa = kv_groups(q, k) > 1  # only then: some of torch's kernels do not take enable_gqa
     q_len, k_len = q.shape[-2], k.shape[-2]
     causal = causal and q_len > 1  # a single query is the last position: it may see every key
     if causal and mask is None and q_len == k_len:

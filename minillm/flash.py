@@ -29,7 +29,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from minillm.attention import kv_groups
 from minillm.checks import boolean, positive_int
+from minillm.precision import compute_dtype
 
 
 class LiveTensorBytes(TorchDispatchMode):
@@ -269,9 +271,20 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     boolean("causal", causal)
     positive_int("block_q", block_q)
     positive_int("block_k", block_k)
-    compute = torch.promote_types(q.dtype, torch.float32)
+    compute = compute_dtype(q.dtype)
     out = FlashAttentionFunction.apply(q.to(compute), k.to(compute), v.to(compute), causal, block_q, block_k)
     return out.to(q.dtype)
+
+
+def refuse_mask_and_dropout(backend: str, mask, dropout_p) -> None:
+    """``ValueError`` naming the argument for a mask or a dropout_p other than 0, which a tiled
+    kernel of full or causal attention (the backend called ``backend``) cannot take."""
+    if mask is not None:
+        raise ValueError(f"the {backend} backend takes no mask (it computes full or causal attention); "
+                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
+    if dropout_p != 0.0:
+        raise ValueError(f"the {backend} backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r}); "
+                         "use the 'sdpa' or 'math' backend to train with dropout")
 
 
 def flash_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -283,17 +296,9 @@ def flash_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
     use "sdpa" or "math" for padding masks and biases), for dropout_p > 0, and for head
     counts that do not divide.
     """
-    if mask is not None:
-        raise ValueError("the flash backend takes no mask (it computes full or causal attention); "
-                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
-    if dropout_p != 0.0:
-        raise ValueError(f"the flash backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r}); "
-                         "use the 'sdpa' or 'math' backend to train with dropout")
+    refuse_mask_and_dropout("flash", mask, dropout_p)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    n_heads, n_kv_heads = q.shape[1], k.shape[1]
-    if n_heads % n_kv_heads:
-        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
-    grouped = q.unflatten(1, (n_kv_heads, n_heads // n_kv_heads))
+    grouped = q.unflatten(1, (k.shape[1], kv_groups(q, k)))
     out = flash_attention(grouped, k[:, :, None], v[:, :, None], causal=causal)
     return out.flatten(1, 2)

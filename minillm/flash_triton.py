@@ -24,7 +24,8 @@ except ImportError as error:
                       "(pip install triton); minillm.flash.flash_attention is the PyTorch version") from error
 
 from minillm.checks import boolean
-from minillm.flash import check_attention_inputs, tiled_attention_backward
+from minillm.attention import kv_groups
+from minillm.flash import check_attention_inputs, refuse_mask_and_dropout, tiled_attention_backward
 
 
 @triton.jit
@@ -81,18 +82,17 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise ValueError(f"q must be (batch, n_heads, q_len, d) and k, v (batch, n_kv_heads, k_len, d), "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     batch, n_heads, q_len, d = q.shape
-    n_kv_heads, k_len = k.shape[1], k.shape[2]
+    k_len = k.shape[2]
     if d not in (16, 32, 64, 128, 256):
         raise ValueError(f"the Triton kernel needs head_dim a power of two from 16 to 256, got {d}")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
+    n_rep = kv_groups(q, k)
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got {q_len} queries and {k_len} keys")
     q, k, v = (t.reshape(-1, t.shape[2], d).contiguous() for t in (q, k, v))  # heads flattened: (batch * heads, seq, d)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(q_len, block_m), batch * n_heads)
-    _flash_forward_kernel[grid](q, k, v, out, lse, q_len, k_len, k_len - q_len, 1.0 / d ** 0.5, n_heads // n_kv_heads,
+    _flash_forward_kernel[grid](q, k, v, out, lse, q_len, k_len, k_len - q_len, 1.0 / d ** 0.5, n_rep,
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                 out.stride(0), out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
                                 CAUSAL=bool(causal), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -146,9 +146,5 @@ def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
 def triton_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "triton" attention backend (contract: ``minillm.attention.ATTENTION_BACKENDS``):
     ``triton_flash_attention``. ``ValueError`` for a mask and for dropout_p > 0, as "flash"."""
-    if mask is not None:
-        raise ValueError("the triton backend takes no mask (it computes full or causal attention); "
-                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
-    if dropout_p != 0.0:
-        raise ValueError(f"the triton backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r})")
+    refuse_mask_and_dropout("triton", mask, dropout_p)
     return triton_flash_attention(q, k, v, causal=causal)

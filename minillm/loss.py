@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from minillm.model import IGNORE_INDEX
+from minillm.precision import compute_dtype
 
 
 def summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -62,7 +63,7 @@ def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, b
                 width = min(context, len(ids) - 1 - group[0])
                 windows = torch.stack([ids[s: s + width + 1] for s in group]).long().to(device)
                 logits, _ = model(windows[:, :-1])
-                total += summed_nll(logits.float(), windows[:, 1:]).item()
+                total += summed_nll(logits.to(compute_dtype(logits.dtype)), windows[:, 1:]).item()
                 count += windows[:, 1:].numel()
     finally:
         model.train(was_training)

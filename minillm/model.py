@@ -52,6 +52,7 @@ from minillm.ffn import FFNS, default_d_ff
 from minillm.markers import is_residual_projection
 from minillm.norm import NORMS, build_norm
 from minillm.positional import POSITIONS
+from minillm.precision import compute_dtype
 
 IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.cross_entropy)
 
@@ -265,7 +266,8 @@ class GPT(nn.Module):
         logits = self.token_embedding.logits(x) if self.lm_head is None else self.lm_head(x)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, self.config.vocab_size).float(), targets.reshape(-1).long(),
+        flat_logits = logits.reshape(-1, self.config.vocab_size)  # a half-precision softmax would round the loss
+        loss = F.cross_entropy(flat_logits.to(compute_dtype(logits.dtype)), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX)
         aux_loss = self._collect_aux_losses()
         return logits, loss if aux_loss is None else loss + aux_loss

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from minillm.checks import boolean, number, one_of, positive_int
 from minillm.ffn import FFNS, build_ffn, default_d_ff
+from minillm.precision import compute_dtype
 
 
 def top_k_routing(logits: torch.Tensor, top_k: int, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,7 +262,7 @@ class MoEFeedForward(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (..., d_model={self.d_model}), got {tuple(getattr(x, 'shape', ()))}")
         tokens = x.reshape(-1, self.d_model)
-        router_input = tokens.to(torch.promote_types(tokens.dtype, torch.float32))  # round-off must not pick the expert
+        router_input = tokens.to(compute_dtype(tokens.dtype))  # round-off must not pick the expert
         if self.training and self.jitter > 0:
             router_input = router_input * torch.empty_like(router_input).uniform_(1 - self.jitter, 1 + self.jitter)
         logits = F.linear(router_input, self.router.weight.to(router_input.dtype))

@@ -12,6 +12,8 @@ temperature, then top-k, then top-p, then one draw per row. Drawing with a seede
 """
 import torch
 
+from minillm.precision import compute_dtype
+
 
 def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
@@ -72,7 +74,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p == 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    probs = torch.softmax(sorted_logits.to(compute_dtype(logits.dtype)), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     remove_sorted = mass_before >= p
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
@@ -110,5 +112,5 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

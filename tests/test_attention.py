@@ -626,6 +626,13 @@ def test_math_and_sdpa_give_equal_outputs_and_gradients(n_kv_heads, q_len, k_len
                 torch.testing.assert_close(a, b, msg=f"{name} with mask {label}, causal={causal}")
 
 
+def test_kv_groups_counts_the_query_heads_per_kv_head_and_names_k_and_v():
+    q = randn(2, 6, 3, 4)
+    assert [attention.kv_groups(q, randn(2, n, 5, 4)) for n in (1, 2, 3, 6)] == [6, 3, 2, 1]
+    with pytest.raises(ValueError, match="^k and v have 4 heads, which must divide the 6 query heads"):
+        attention.kv_groups(q, randn(2, 4, 5, 4))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backends_refuse_what_they_cannot_compute(backend):
     fn = get_attention_backend(backend)

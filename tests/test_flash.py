@@ -252,6 +252,15 @@ def test_flash_backend_refuses_what_it_cannot_compute():
         fn(q, randn(1, 3, 3, 8), randn(1, 3, 3, 8))
 
 
+@pytest.mark.parametrize("backend", ["flash", "triton"])
+def test_the_refusal_of_masks_and_dropout_names_the_argument_and_the_backend(backend):
+    with pytest.raises(ValueError, match=f"^the {backend} backend takes no mask"):
+        flash.refuse_mask_and_dropout(backend, torch.zeros(3, 3), 0.0)
+    with pytest.raises(ValueError, match=f"^the {backend} backend has no attention dropout \\(dropout_p must be 0.0"):
+        flash.refuse_mask_and_dropout(backend, None, 0.1)
+    assert flash.refuse_mask_and_dropout(backend, None, 0.0) is None
+
+
 @pytest.mark.parametrize("bad, error, match", [
     ({"q": "nope"}, TypeError, "q must be a torch.Tensor"),
     ({"k": torch.zeros(1, 5, 4, dtype=torch.float64)}, ValueError, "k must be"),

@@ -320,6 +320,31 @@ def test_logits_shape_and_loss_against_cross_entropy():
     torch.testing.assert_close(masked, F.cross_entropy(logits[targets != -100], targets[targets != -100]))
 
 
+def _naive_mean_nll(logits, targets):
+    """Mean of logsumexp(row) - row[target] over the kept targets, in the logits' dtype."""
+    keep = targets != -100
+    rows, kept = logits[keep], targets[keep]
+    return (torch.logsumexp(rows, -1) - rows.gather(-1, kept[:, None]).squeeze(-1)).mean()
+
+
+def test_a_float64_models_loss_stays_float64():
+    model = GPT(GPTConfig(**SMALL, init_std=0.5)).double()
+    ids, targets = _ids(), _ids(seed=1)
+    targets[1, 3:] = -100
+    logits, loss = model(ids, targets)
+    assert loss.dtype == torch.float64, "promote, never downcast: a float64 model's loss is float64"
+    torch.testing.assert_close(loss, _naive_mean_nll(logits, targets), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_models_loss_is_computed_in_float32(dtype):
+    model = GPT(GPTConfig(**SMALL, init_std=0.5)).to(dtype)
+    ids, targets = _ids(), _ids(seed=1)
+    logits, loss = model(ids, targets)
+    assert logits.dtype == dtype and loss.dtype == torch.float32
+    torch.testing.assert_close(loss, _naive_mean_nll(logits.float(), targets))
+
+
 @pytest.mark.parametrize("positions", POSITION_VARIANTS)
 def test_decoder_is_causal_and_encoder_is_not(positions):
     torch.manual_seed(0)

@@ -107,6 +107,39 @@ def test_top_p_edge_cases():
     assert torch.isfinite(sampling.top_p_filter(exact, 0.76)).tolist() == [[True, True, True, False]]
 
 
+def test_top_p_decides_a_float64_boundary_in_float64():
+    # p a hair (1e-9) above or below the most likely token's float64 probability: float32 rounds that
+    # probability by up to about 1e-7, so a filter that downcasts keeps or drops the second token wrongly
+    for x in (-0.3, -1.2, -1.4, -2.9, -3.3, -0.6, -1.5, -2.8):
+        logits = torch.tensor([[0.0, x, x - 1.0]], dtype=torch.float64)
+        exps = [math.exp(v) for v in logits[0].tolist()]
+        first = exps[0] / sum(exps)
+        for p, n_kept in ((first + 1e-9, 2), (first - 1e-9, 1)):
+            expected = _naive_top_p(logits[0].tolist(), p)
+            assert sum(expected) == n_kept
+            got = sampling.top_p_filter(logits, p)
+            assert got.dtype == torch.float64
+            assert torch.isfinite(got[0]).tolist() == expected, f"top_p_filter at p = {p!r} (logits {x})"
+
+
+def test_sample_next_draws_from_the_float64_softmax_of_float64_logits(monkeypatch):
+    drawn_from = []
+    multinomial = torch.multinomial
+
+    def spy(probs, *args, **kwargs):
+        drawn_from.append(probs)
+        return multinomial(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    logits = _logits(rows=3, vocab=9, dtype=torch.float64)
+    sampling.sample_next(logits, temperature=0.7, generator=torch.Generator().manual_seed(0))
+    naive = [[math.exp(v / 0.7) / sum(math.exp(u / 0.7) for u in row) for v in row] for row in logits.tolist()]
+    assert drawn_from[-1].dtype == torch.float64, "promote, never downcast: float64 logits are sampled in float64"
+    torch.testing.assert_close(drawn_from[-1], torch.tensor(naive, dtype=torch.float64), rtol=1e-13, atol=0)
+    sampling.sample_next(logits.to(torch.bfloat16), generator=torch.Generator().manual_seed(0))
+    assert drawn_from[-1].dtype == torch.float32, "half-precision logits are sampled in float32"
+
+
 def test_sampling_is_reproducible_when_seeded():
     logits = _logits(rows=5, vocab=30)
     draws = [sampling.sample_next(logits, 1.3, top_k=10, top_p=0.9, generator=torch.Generator().manual_seed(7))

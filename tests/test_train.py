@@ -155,6 +155,20 @@ def test_token_nll_against_a_loop_over_windows():
     assert first_and_last[0] == pytest.approx(first + last, rel=1e-5)
 
 
+def test_token_nll_of_a_float64_model_is_summed_in_float64():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, init_std=0.3)).double()
+    ids = _stream(45)
+    total, count = token_nll(model, ids, batch_size=2)
+    expected = 0.0
+    for start in range(0, 44, 8):  # the naive sum: -log softmax(row)[target] per position, in float64
+        window = ids[start: start + 9]
+        logits = model(window[None, :-1])[0][0]
+        expected += (torch.logsumexp(logits, -1) - logits.gather(-1, window[1:, None]).squeeze(-1)).sum().item()
+    assert count == 44
+    assert total == pytest.approx(expected, rel=1e-12), "a float64 model's loss must not be rounded to float32"
+
+
 def test_token_nll_of_a_uniform_model_is_log_vocab():
     model = GPT(GPTConfig(**TINY))
     with torch.no_grad():

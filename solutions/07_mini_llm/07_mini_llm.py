@@ -142,6 +142,7 @@ from minillm.ffn import FFNS, default_d_ff
 from minillm.markers import is_residual_projection
 from minillm.norm import NORMS, build_norm
 from minillm.positional import POSITIONS
+from minillm.precision import compute_dtype
 
 IGNORE_INDEX = -100  # a target equal to this is left out of the loss (as in F.cross_entropy)
 
@@ -405,7 +406,8 @@ class GPT(nn.Module):
         logits = self.token_embedding.logits(x) if self.lm_head is None else self.lm_head(x)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, self.config.vocab_size).float(), targets.reshape(-1).long(),
+        flat_logits = logits.reshape(-1, self.config.vocab_size)  # a half-precision softmax would round the loss
+        loss = F.cross_entropy(flat_logits.to(compute_dtype(logits.dtype)), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX)
         aux_loss = self._collect_aux_losses()
         return logits, loss if aux_loss is None else loss + aux_loss
@@ -684,6 +686,7 @@ import torch
 from torch import nn
 
 from minillm.model import IGNORE_INDEX
+from minillm.precision import compute_dtype
 
 # %%
 #| answer summed_nll
@@ -831,7 +834,7 @@ def token_nll(model: nn.Module, ids: torch.Tensor, context: int | None = None, b
                 width = min(context, len(ids) - 1 - group[0])
                 windows = torch.stack([ids[s: s + width + 1] for s in group]).long().to(device)
                 logits, _ = model(windows[:, :-1])
-                total += summed_nll(logits.float(), windows[:, 1:]).item()
+                total += summed_nll(logits.to(compute_dtype(logits.dtype)), windows[:, 1:]).item()
                 count += windows[:, 1:].numel()
     finally:
         model.train(was_training)
@@ -1731,11 +1734,11 @@ print(f"the final model on 256 windows of each text: training {on_train[0] / on_
       f"validation {on_val[0] / on_val[1]:.2f} nats per token")
 
 # %% [markdown]
-# The last validation loss (4.43) lies below the last training loss (4.68), which is
+# The last validation loss (4.43) lies below the last training loss (4.66), which is
 # only noise. The training figure is the mean over the last 10 batches, each measured
 # before its step; the validation figure comes from 16 windows. Both are small samples,
-# and on 256 windows of each text the final model scores about the same on both, 4.63
-# on training text and 4.59 on validation text: after 500 steps, one and a half passes
+# and on 256 windows of each text the final model scores about the same on both, 4.62
+# on training text and 4.58 on validation text: after 500 steps, one and a half passes
 # over the training text, it has not begun to memorize.
 #
 # The shipped model went through the same loop for much longer: `make train` ran the
@@ -1847,6 +1850,8 @@ temperature, then top-k, then top-p, then one draw per row. Drawing with a seede
 ``torch.Generator`` (or after ``torch.manual_seed``) makes samples reproducible.
 """
 import torch
+
+from minillm.precision import compute_dtype
 
 
 def _check_logits(logits) -> None:
@@ -2052,7 +2057,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p == 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    probs = torch.softmax(sorted_logits.to(compute_dtype(logits.dtype)), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     remove_sorted = mass_before >= p
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
@@ -2187,7 +2192,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 # %% [markdown]
@@ -2521,12 +2526,12 @@ for name, total in results.items():
 # %% [markdown]
 # (Full mode; after the 40 steps of quick mode neither model has learned much.) Two
 # things show. The encoder predicts a hidden token better when it can see what follows,
-# 5.73 nats per token against 5.89 with the left side only: it has learned to use the
+# 5.52 nats per token against 6.12 with the left side only: it has learned to use the
 # right side, which a GPT never sees. And yet the GPT, trained for as many steps on the
-# same batches, predicts *better*, 4.64, from the left side alone than the encoder does
+# same batches, predicts *better*, 4.62, from the left side alone than the encoder does
 # from both: every position of every window was a training target for the GPT, but only
 # the 15% the encoder hid were targets for it. Given only the left side, the situation of
-# generating text, the encoder is far behind (5.89 against 4.64). Masked language models
+# generating text, the encoder is far behind (6.12 against 4.62). Masked language models
 # need much more training for the same quality (the ELECTRA paper, 2020, makes this its
 # starting point), and what they are good at is *representing* a given text, not
 # continuing it.
@@ -2568,7 +2573,7 @@ plt.show()
 # *Model answer.* The encoder was trained to fill a hidden token *given both sides*; when
 # generating, the right side does not exist yet, so every step would present it with an
 # input unlike its training (a prefix ending in the mask, nothing after it), where it
-# predicts worst (5.89 nats per token above, against 5.73 with both sides and 4.64 for
+# predicts worst (6.12 nats per token above, against 5.52 with both sides and 4.62 for
 # the GPT), and its predictions are not a proper left-to-right distribution: there is no
 # factorization $p(x) = \prod_t p(x_t \mid x_{<t})$ to sample from. It would also have to rerun
 # everything each step, because a new token changes the representation of every earlier

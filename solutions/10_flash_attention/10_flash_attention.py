@@ -105,7 +105,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from minillm.attention import kv_groups
 from minillm.checks import boolean, positive_int
+from minillm.precision import compute_dtype
 
 # %% [markdown]
 # ## The memory problem, measured
@@ -990,7 +992,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     boolean("causal", causal)
     positive_int("block_q", block_q)
     positive_int("block_k", block_k)
-    compute = torch.promote_types(q.dtype, torch.float32)
+    compute = compute_dtype(q.dtype)
     out = FlashAttentionFunction.apply(q.to(compute), k.to(compute), v.to(compute), causal, block_q, block_k)
     return out.to(q.dtype)
 
@@ -1049,6 +1051,17 @@ for n, naive, tiled in zip(lengths, naive_memory["forward + backward"], flash_me
 
 # %%
 #| export minillm/flash.py
+def refuse_mask_and_dropout(backend: str, mask, dropout_p) -> None:
+    """``ValueError`` naming the argument for a mask or a dropout_p other than 0, which a tiled
+    kernel of full or causal attention (the backend called ``backend``) cannot take."""
+    if mask is not None:
+        raise ValueError(f"the {backend} backend takes no mask (it computes full or causal attention); "
+                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
+    if dropout_p != 0.0:
+        raise ValueError(f"the {backend} backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r}); "
+                         "use the 'sdpa' or 'math' backend to train with dropout")
+
+
 def flash_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "flash" attention backend (contract: ``minillm.attention.ATTENTION_BACKENDS``):
     ``flash_attention`` with the K/V heads shared by broadcasting.
@@ -1058,18 +1071,10 @@ def flash_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
     use "sdpa" or "math" for padding masks and biases), for dropout_p > 0, and for head
     counts that do not divide.
     """
-    if mask is not None:
-        raise ValueError("the flash backend takes no mask (it computes full or causal attention); "
-                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
-    if dropout_p != 0.0:
-        raise ValueError(f"the flash backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r}); "
-                         "use the 'sdpa' or 'math' backend to train with dropout")
+    refuse_mask_and_dropout("flash", mask, dropout_p)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    n_heads, n_kv_heads = q.shape[1], k.shape[1]
-    if n_heads % n_kv_heads:
-        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
-    grouped = q.unflatten(1, (n_kv_heads, n_heads // n_kv_heads))
+    grouped = q.unflatten(1, (k.shape[1], kv_groups(q, k)))
     out = flash_attention(grouped, k[:, :, None], v[:, :, None], causal=causal)
     return out.flatten(1, 2)
 
@@ -1174,7 +1179,8 @@ except ImportError as error:
                       "(pip install triton); minillm.flash.flash_attention is the PyTorch version") from error
 
 from minillm.checks import boolean
-from minillm.flash import check_attention_inputs, tiled_attention_backward
+from minillm.attention import kv_groups
+from minillm.flash import check_attention_inputs, refuse_mask_and_dropout, tiled_attention_backward
 
 # %% [markdown]
 # ### Exercise 6 · The Triton kernel's inner loop
@@ -1265,18 +1271,17 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise ValueError(f"q must be (batch, n_heads, q_len, d) and k, v (batch, n_kv_heads, k_len, d), "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     batch, n_heads, q_len, d = q.shape
-    n_kv_heads, k_len = k.shape[1], k.shape[2]
+    k_len = k.shape[2]
     if d not in (16, 32, 64, 128, 256):
         raise ValueError(f"the Triton kernel needs head_dim a power of two from 16 to 256, got {d}")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"k and v have {n_kv_heads} heads, which must divide the {n_heads} query heads")
+    n_rep = kv_groups(q, k)
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got {q_len} queries and {k_len} keys")
     q, k, v = (t.reshape(-1, t.shape[2], d).contiguous() for t in (q, k, v))  # heads flattened: (batch * heads, seq, d)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(q_len, block_m), batch * n_heads)
-    _flash_forward_kernel[grid](q, k, v, out, lse, q_len, k_len, k_len - q_len, 1.0 / d ** 0.5, n_heads // n_kv_heads,
+    _flash_forward_kernel[grid](q, k, v, out, lse, q_len, k_len, k_len - q_len, 1.0 / d ** 0.5, n_rep,
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                 out.stride(0), out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
                                 CAUSAL=bool(causal), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -1400,11 +1405,7 @@ def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
 def triton_backend(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The "triton" attention backend (contract: ``minillm.attention.ATTENTION_BACKENDS``):
     ``triton_flash_attention``. ``ValueError`` for a mask and for dropout_p > 0, as "flash"."""
-    if mask is not None:
-        raise ValueError("the triton backend takes no mask (it computes full or causal attention); "
-                         "use the 'sdpa' or 'math' backend for padding masks and ALiBi biases")
-    if dropout_p != 0.0:
-        raise ValueError(f"the triton backend has no attention dropout (dropout_p must be 0.0, got {dropout_p!r})")
+    refuse_mask_and_dropout("triton", mask, dropout_p)
     return triton_flash_attention(q, k, v, causal=causal)
 
 # %% [markdown]

@@ -129,6 +129,7 @@ import torch.nn.functional as F
 
 from minillm.checks import boolean, number, one_of, positive_int
 from minillm.ffn import FFNS, build_ffn, default_d_ff
+from minillm.precision import compute_dtype
 
 # %% [markdown]
 # ### Exercise 1 · The router's top-k
@@ -923,7 +924,7 @@ class MoEFeedForward(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (..., d_model={self.d_model}), got {tuple(getattr(x, 'shape', ()))}")
         tokens = x.reshape(-1, self.d_model)
-        router_input = tokens.to(torch.promote_types(tokens.dtype, torch.float32))  # round-off must not pick the expert
+        router_input = tokens.to(compute_dtype(tokens.dtype))  # round-off must not pick the expert
         if self.training and self.jitter > 0:
             router_input = router_input * torch.empty_like(router_input).uniform_(1 - self.jitter, 1 + self.jitter)
         logits = F.linear(router_input, self.router.weight.to(router_input.dtype))
@@ -1061,7 +1062,7 @@ print("drop rate at capacity factor 1.25, per layer:", [round(h[f"moe{i}/dropped
 # layer's unweighted loss is close to its balanced value of 1. The z-loss starts at
 # $4 \times 10^{-3} \times (\ln 8)^2 \approx 0.017$, its value for logits near zero
 # ($\log \sum_i e^{0} = \ln 8$), and after the full mode's 60 steps it is already down to
-# about a third of that: the routers learn to push their log-sum-exp towards 0 (more on
+# about a quarter of that: the routers learn to push their log-sum-exp towards 0 (more on
 # this below).
 #
 # ## MoE against dense, at equal active parameters
@@ -1072,8 +1073,9 @@ print("drop rate at capacity factor 1.25, per layer:", [round(h[f"moe{i}/dropped
 # recipe's optimizer and schedule, and two more MoE runs without the balancing loss and
 # without the z-loss. Its results are in `data/moe_runs.json`, with the command and the
 # time it took; the held-out loss is measured on 32 windows of the validation text,
-# dropless. FLOPs per training token: $6 \times$ the active parameters plus attention's
-# $6\, L\, T\, d$ (Kaplan et al., 2020).
+# dropless. FLOPs per training token are chapter 08's `training_flops(config, 1)`: $6N$,
+# with $N$ the active non-embedding parameters (the router and two experts per layer) plus
+# the tied output head, and attention's $12\, L\, T\, d_{\text{attn}}$.
 
 # %%
 cache = json.loads(data.path("moe_runs.json").read_text())
@@ -1090,7 +1092,7 @@ for kind, color in (("dense", "tab:blue"), ("moe", "tab:orange")):
         axes[0].plot(run["val_step"], run["val_loss"], color=color, alpha=0.4 + 0.2 * seed, label=label)
         axes[1].plot(tokens_seen * run["flops_per_token"] / 1e12, run["val_loss"], color=color, alpha=0.4 + 0.2 * seed)
 axes[0].set_xlabel("optimizer step")
-axes[1].set_xlabel("training compute (TFLOPs: 6 × active parameters × tokens, plus attention)")
+axes[1].set_xlabel("training compute (TFLOPs: chapter 08's training_flops, active parameters)")
 axes[0].set_ylabel("held-out loss (nats per token)")
 axes[0].set_ylim(top=min(7.6, max(max(r["val_loss"]) for r in runs.values())))
 axes[0].legend(fontsize=8)
@@ -1104,6 +1106,9 @@ for kind, values in final.items():
 paired = final["moe"] - final["dense"]
 print(f"MoE - dense, seed by seed: {', '.join(f'{v:+.4f}' for v in paired.tolist())}; mean {paired.mean():+.4f}, "
       f"spread between seeds of one model up to {max(v.max() - v.min() for v in final.values()):.4f}")
+flops = {kind: runs[f"{kind}-s0"]["flops_per_token"] for kind in ("dense", "moe")}
+print(f"training FLOPs per token: dense {flops['dense']:,}, MoE {flops['moe']:,} "
+      f"(+{flops['moe'] / flops['dense'] - 1:.1%})")
 
 # %% [markdown]
 # At equal active parameters the mixture did not beat the dense model in this budget.
@@ -1111,7 +1116,7 @@ print(f"MoE - dense, seed by seed: {', '.join(f'{v:+.4f}' for v in paired.tolist
 # (mean ± standard deviation over three seeds). Seed by seed, MoE − dense is +0.012,
 # +0.138 and −0.030: a mean of +0.040, no larger than the spread between two seeds of the
 # same model (up to 0.117). Against FLOPs the picture is the same, because both models do
-# the same arithmetic per token (the routers add 0.4%). The mixture held 2.5 times the
+# the same arithmetic per token (the routers add 0.3%). The mixture held 2.5 times the
 # parameters and did not turn them into a measurable gain in 800 steps. One reason is
 # plain arithmetic: with 8 experts and 2 per token, each expert trains on a quarter of
 # the tokens the dense FFN trains on, so in a short run each one sees little data. The

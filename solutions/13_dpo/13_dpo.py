@@ -86,6 +86,7 @@ from torch import nn
 
 from minillm.checks import eager_only, integer, positive_int, positive_number
 from minillm.generate import generate
+from minillm.precision import compute_dtype
 from minillm.tasks import uses_target
 
 # %% [markdown]
@@ -317,8 +318,7 @@ def sequence_logprobs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -
         raise ValueError(f"mask must have the shape of ids, {tuple(ids.shape)}, got "
                          f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
     logits, _ = model(ids)
-    # promote half precision to float32, but keep a float64 model's precision
-    return response_logprobs(logits.to(torch.promote_types(logits.dtype, torch.float32)), ids, mask)
+    return response_logprobs(logits.to(compute_dtype(logits.dtype)), ids, mask)  # float64 stays float64
 
 # %% [markdown]
 # On the shipped model: a prompt and two continuations of it, one as Shakespeare wrote it
