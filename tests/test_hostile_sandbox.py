@@ -18,6 +18,7 @@ import pytest
 
 from autograder import cpu, processes
 from autograder.chapters import Chapter
+from autograder.failures import call_failure
 from autograder.grade import grade_files
 from autograder.isolation import isolation
 from autograder.sandbox import Limits, Sandbox
@@ -625,3 +626,23 @@ def test_the_grader_sweeps_shared_memory_that_a_killed_run_left(tmp_path):
     finally:
         libc.shmctl(shmid, 0, None)
         stale.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------- exception type names
+def test_a_hidden_check_shows_no_exception_type_the_learner_defined():
+    """An answer that raises ``type(f"S{tuple(x.shape)}{x.dtype}", (Exception,), {})()`` names
+    the hidden check's input in its type: a hidden check shows only Python's built-in
+    exception names, and no frame name or code line. A visible check keeps the message."""
+    from autograder.failures import hidden_reason
+
+    leak = "S(3, 5)torch.float64"
+    answer = {"ok": False, "type": leak, "message": "", "frames": [
+        {"name": "shape_(3, 5)", "line": 2, "code": "raise type(f'S{tuple(x.shape)}{x.dtype}', (Exception,), {})()"}]}
+    error = call_failure(answer, "scale")
+    shown = hidden_reason(error, "assert scale(x, 2.0).shape == x.shape")
+    assert shown == "your scale raised an exception of a type your code defined", shown
+    assert "(3, 5)" not in shown and "float64" not in shown and "shape" not in shown, shown
+    assert type(error).__name__ == "StudentError", "a learner's type name would reach the verdict's ename"
+    builtin = call_failure({**answer, "type": "ValueError"}, "scale")
+    assert hidden_reason(builtin, "") == "your scale raised ValueError" and isinstance(builtin, ValueError)
+    assert leak in str(error), "a visible check keeps the learner's own message"
