@@ -646,3 +646,25 @@ def test_a_hidden_check_shows_no_exception_type_the_learner_defined():
     builtin = call_failure({**answer, "type": "ValueError"}, "scale")
     assert hidden_reason(builtin, "") == "your scale raised ValueError" and isinstance(builtin, ValueError)
     assert leak in str(error), "a visible check keeps the learner's own message"
+
+
+# --------------------------------------------------------------------- submission times
+def test_a_back_dated_notebook_is_recorded_with_nbgraders_timestamp_and_its_source(tmp_path):
+    """``touch -d 2001-09-09`` back-dates the file; nbgrader's timestamp.txt beside it says
+    2030: the time recorded is 2030's, and says it came from timestamp.txt."""
+    import datetime
+
+    from autograder.collect import submission_time
+
+    folder = tmp_path / "alice" / fx.SLUG
+    folder.mkdir(parents=True)
+    notebook = folder / f"{fx.SLUG}.ipynb"
+    notebook.write_text("{}")
+    subprocess.run(["touch", "-d", "2001-09-09", str(notebook)], check=True)
+    when, source = submission_time(notebook)
+    assert (datetime.datetime.fromtimestamp(when, datetime.timezone.utc).year, source) == (2001, "file mtime")
+    (folder / "timestamp.txt").write_text("2030-01-02 03:04:05.000000 UTC")
+    when, source = submission_time(notebook)
+    assert datetime.datetime.fromtimestamp(when, datetime.timezone.utc) == \
+        datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert source == "nbgrader timestamp.txt"
