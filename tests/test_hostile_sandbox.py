@@ -668,3 +668,18 @@ def test_a_back_dated_notebook_is_recorded_with_nbgraders_timestamp_and_its_sour
     assert datetime.datetime.fromtimestamp(when, datetime.timezone.utc) == \
         datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
     assert source == "nbgrader timestamp.txt"
+
+
+def test_on_gradescope_the_submission_time_is_gradescopes_own(tmp_path):
+    """Gradescope's submission_metadata.json, which the student cannot write, gives the time."""
+    import datetime
+
+    from autograder.gradescope import gradescope_time
+
+    (tmp_path / "submission_metadata.json").write_text(json.dumps({"created_at": "2030-01-02T03:04:05.5-07:00"}))
+    found = gradescope_time(tmp_path)
+    assert found["source"] == "gradescope"
+    assert datetime.datetime.fromtimestamp(found["time"], datetime.timezone.utc) == \
+        datetime.datetime(2030, 1, 2, 10, 4, 5, 500000, tzinfo=datetime.timezone.utc)
+    (tmp_path / "submission_metadata.json").write_text("{not json")
+    assert gradescope_time(tmp_path) is None
