@@ -2,7 +2,7 @@
 
 Run as a script, never imported by the grader, and kept to the standard library so that it
 starts fast. When the grader runs as root it is started by ``unshare`` in new network,
-mount and PID namespaces; then it brings up the loopback interface (the namespace's only
+mount, PID and IPC namespaces; then it caps the new IPC namespace's shared memory, brings up the loopback interface (the namespace's only
 one), builds a new root file system that holds only what the
 learner's code needs (system libraries, the Python installation and virtual environment,
 the course package (or the view of it that the spec lays over it), the course data, and the sandbox folder), mounts a fresh ``/proc``,
@@ -26,6 +26,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 DEVICES = ("null", "zero", "full", "random", "urandom")
+IPC_OBJECTS = 64  # System V segments and message queues a sandbox may hold at once
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -67,6 +68,16 @@ def loopback_up():
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
+def limit_ipc(memory):
+    """Cap System V IPC in the sandbox's new IPC namespace (these settings are its own): no
+    segment, and no sum of segments, above ``memory`` bytes, the kernel's memory limit."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    settings = {"shmmax": memory, "shmall": memory // page, "shmmni": IPC_OBJECTS, "msgmni": IPC_OBJECTS}
+    for name, value in settings.items():
+        with open("/proc/sys/kernel/" + name, "w") as stream:
+            stream.write(str(value))
+
+
 def build_root(spec):
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -83,8 +94,12 @@ def build_root(spec):
     mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
     for name in DEVICES:
         bind("/dev/" + name, root, writable=True, device=True)
+    # POSIX shared memory lives in a folder of the sandbox's /tmp, so it counts within /tmp's size.
+    shm = root + "/tmp/.shm"
+    os.mkdir(shm)
+    os.chmod(shm, 0o1777)
     os.makedirs(root + "/dev/shm", exist_ok=True)
-    mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_bytes']},mode=1777")
+    mount(shm, root + "/dev/shm", None, MS_BIND)
     os.makedirs(root + "/proc", exist_ok=True)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chroot(root)
@@ -119,6 +134,8 @@ def main(argv):
         # The sandbox's own cgroup, of the same CPU weight as every other sandbox's.
         with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as stream:
             stream.write(str(os.getpid()))
+    if spec.get("shm_bytes"):
+        limit_ipc(spec["shm_bytes"])
     if spec.get("loopback"):
         loopback_up()
     if spec.get("isolate_files"):

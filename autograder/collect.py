@@ -234,3 +234,24 @@ def batch(paths, chapter: str | None = None, master: Path | None = None, exclude
     jobs = [Job(entry.path, f"{entry.student}__{entry.slug}", ChapterRef(entry.slug, master_path), entry.student,
                 entry.layout, entry.problem) for entry in kept]
     return Collected(jobs, flagged + doubled)
+
+
+def submission_time(path: Path | None) -> tuple[float | None, str]:
+    """When the notebook at ``path`` was submitted (seconds since the epoch, UTC) and where
+    that came from: nbgrader's ``timestamp.txt`` beside it (written by ``nbgrader submit``,
+    kept by ``collect``) where there is a readable one, else the file's mtime, which
+    ``touch`` back-dates. ``(None, "none")`` when neither can be read."""
+    if path is None:
+        return None, "none"
+    stamp = Path(path).with_name("timestamp.txt")
+    if stamp.is_file() and not stamp.is_symlink():
+        from nbgrader.utils import parse_utc
+
+        try:
+            return parse_utc(stamp.read_text(encoding="utf-8")[:100].strip()).timestamp(), "nbgrader timestamp.txt"
+        except (ValueError, OverflowError, OSError, UnicodeDecodeError):
+            pass
+    try:
+        return os.lstat(path).st_mtime, "file mtime"
+    except OSError:
+        return None, "none"

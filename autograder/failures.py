@@ -19,6 +19,17 @@ class StudentError(Exception):
 
 
 _exception_types: dict[str, type] = {}
+OWN_TYPE = "an exception of a type your code defined"
+
+
+def builtin_exception(name: str) -> type | None:
+    """The exception class of Python's ``builtins`` module called ``name``, or None. Only
+    these names are shown of a hidden check: a type the learner defined can be named after
+    the check's inputs (their shapes, their dtypes)."""
+    base = getattr(builtins, name, None)
+    if isinstance(base, type) and issubclass(base, Exception) and not issubclass(base, StudentError):
+        return base
+    return None
 
 
 def student_exception(name: str, message: str, summary: str | None = None) -> StudentError:
@@ -29,9 +40,7 @@ def student_exception(name: str, message: str, summary: str | None = None) -> St
     own classes. ``summary`` is what a hidden check may show of it: no message of the
     learner's, so no argument that the message could echo.
     """
-    base = getattr(builtins, name, None)
-    if not (isinstance(base, type) and issubclass(base, Exception)) or issubclass(base, StudentError):
-        base = None
+    base = builtin_exception(name)
     if name not in _exception_types:
         bases = (StudentError, base) if base is not None else (StudentError,)
         try:
@@ -74,7 +83,8 @@ def call_failure(answer: dict, label: str) -> StudentError:
         own = stub in ("", *label.split(".")[-1].split()[-1:]) or stub.startswith("__")
         message = f"{label}: not answered yet" if own else f"{label}: it calls {stub}, which is not answered yet"
         return student_exception(name, message, message)
-    return student_exception(name, f"your {label} raised {name}: {message}{where}", f"your {label} raised {name}")
+    shown = name if builtin_exception(name) else OWN_TYPE
+    return student_exception(name, f"your {label} raised {name}: {message}{where}", f"your {label} raised {shown}")
 
 
 def hidden_reason(error: BaseException, source: str) -> str:

@@ -38,6 +38,18 @@ def submitted_notebook(folder: Path, slug: str) -> tuple[Path | None, str]:
                   f"upload that one notebook")
 
 
+def gradescope_time(root: Path) -> dict | None:
+    """The submission's time as Gradescope recorded it (``created_at`` in
+    ``ROOT/submission_metadata.json``, which the student cannot write), or None."""
+    import datetime
+
+    try:
+        created = json.loads((Path(root) / "submission_metadata.json").read_text(encoding="utf-8"))["created_at"]
+        return {"time": datetime.datetime.fromisoformat(str(created)[:64]).timestamp(), "source": "gradescope"}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run(chapter: str, root: Path, limits: Limits | None = None) -> dict:
     """Grade the submission under ``root`` and write ``root/results/results.json``."""
     [slug] = course.resolve_slugs([chapter])
@@ -54,6 +66,7 @@ def run(chapter: str, root: Path, limits: Limits | None = None) -> dict:
         with tempfile.TemporaryDirectory() as out:
             [(_, results)] = grade_files([notebook], Path(out), slug, course=False, limits=limits).rows
         results["output"] = results.get("output", "") + note
+        results["extra_data"]["submitted"] = gradescope_time(root) or results["extra_data"].get("submitted")
     # Gradescope shows results.json to the student: the grader's own failure (a traceback) goes
     # to the autograder's output, which only the instructor sees.
     detail = results.get("extra_data", {}).pop("grader_error", "")

@@ -3,7 +3,10 @@
 A sandbox runs under a user id drawn from :data:`UID_RANGE` that nothing on the machine
 uses, in a PID namespace of its own whose processes are killed with it. Each sandbox and
 judge folder names the grading process that owns it (:func:`claim`); :func:`sweep_stale`
-removes those whose owner is gone, with whatever they left running.
+removes those whose owner is gone, with whatever they left running, and the System V IPC
+objects and ``/dev/shm`` files that a sandbox's user id left in the grader's own namespace
+(each sandbox has an IPC namespace of its own, so only a killed grader of an older version,
+or one without namespaces, leaves any there).
 """
 from __future__ import annotations
 
@@ -132,7 +135,45 @@ def sweep_stale(parent: Path | None = None) -> list[Path]:
                 unmount(folder / "share")
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
+    sweep_shared_memory()
     return removed
+
+
+def _sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is a sandbox's user id that nothing runs as now."""
+    return UID_RANGE[0] <= uid < UID_RANGE[1] and not uid_in_use(uid)
+
+
+def sweep_shared_memory() -> None:
+    """Remove the System V segments, semaphores and message queues (in the grader's own IPC
+    namespace) and the ``/dev/shm`` entries that belong to a sandbox's user id no process runs as."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    remove = {"shm": lambda i: libc.shmctl(i, ipc_rmid, None), "sem": lambda i: libc.semctl(i, 0, ipc_rmid),
+              "msg": lambda i: libc.msgctl(i, ipc_rmid, None)}
+    for kind, rmid in remove.items():
+        try:
+            header, *rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        columns = header.split()
+        for row in rows:
+            entry = dict(zip(columns, row.split()))
+            if any(_sandbox_uid(int(entry[field])) for field in ("uid", "cuid")):
+                rmid(int(entry[columns[1]]))  # the id column: shmid, semid or msqid
+    shm = Path("/dev/shm")
+    for entry in shm.iterdir() if shm.is_dir() else ():
+        try:
+            if not _sandbox_uid(entry.lstat().st_uid):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
 
 
 def _kill_processes_mentioning(folder: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from . import feedback
+from .collect import submission_time
 
 SUBMISSIONS = "submissions"  # OUT/submissions/<student>__<chapter>/: the one folder named after submissions
 SUMMARY = ["submission", "student", "file", "chapter", "score", "max_score", "status", "failed_checks", "flags",
@@ -66,13 +67,11 @@ def write_graded(job, chapter, report: dict, out: Path, course) -> dict:
     outcome = report["results"]
     folder = out / SUBMISSIONS / job.name
     write_atomic(folder / "feedback.html", report["feedback"])
+    when, source = submission_time(job.path)
+    outcome["extra_data"]["submitted"] = {"time": when, "source": source}
     if course is not None and not outcome["extra_data"].get("grader_error"):
         notebook = nbformat.reads(report["notebook"], as_version=4) if report["notebook"] else None
-        try:
-            mtime = os.lstat(job.path).st_mtime if job.path else None
-        except OSError:
-            mtime = None
-        course.record(chapter, job.student, outcome, notebook, mtime)
+        course.record(chapter, job.student, outcome, notebook, when)
     write_results(folder / "results.json", outcome)
     return outcome
 

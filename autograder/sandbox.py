@@ -8,7 +8,9 @@ What the sandbox gives the learner's process, strongest first:
   processes, no core files, open files), and its standard streams sent nowhere;
 - when the grader runs as root and the kernel allows namespaces (``unshare``): no network
   (a new network namespace whose only interface is its own loopback, up: the learner's
-  processes can talk to each other on 127.0.0.1 and reach nothing else), its own PID namespace (it sees
+  processes can talk to each other on 127.0.0.1 and reach nothing else), its own IPC
+  namespace (System V objects of one sandbox are invisible to the next and die with it;
+  shared memory is capped at the memory limit), its own PID namespace (it sees
   only its own processes, and all of them die with it), a new root file system holding
   only the system, the Python installation, the course package (as the graded chapter's
   view of it, `autograder.view`) and data and the sandbox
@@ -48,7 +50,7 @@ class Limits:
     file_size: int = 64 * MiB        # largest file the learner's code may write
     processes: int = 256             # processes and threads of the learner's user
     output: int = 2 * MiB            # notebook output kept (text and images); the rest is dropped
-    tmp: int = 256 * MiB             # the sandbox's /tmp and /dev/shm
+    tmp: int = 256 * MiB             # the sandbox's /tmp and /dev/shm together
     threads: int | None = None       # torch/OpenMP threads (default: the CPUs / jobs)
 
     @property
@@ -188,13 +190,15 @@ class Sandbox:
             "read_only": read_only_paths(), "overlays": self.overlays, "writable": [str(self.share)], "tmp_bytes": self.limits.tmp,
             "pidns_file": str(self.base / "pidns") if self.isolation.namespaces else None,
             "cgroup": self.cgroup or None,
+            # System V shared memory of the sandbox's own IPC namespace, capped at its memory limit.
+            "shm_bytes": self.limits.memory if self.isolation.namespaces else None,
         }
         spec_path = self.base / "spec.json"
         spec_path.write_text(json.dumps(spec))
         os.chmod(spec_path, 0o600)
         launch = [sys.executable, "-I", "-S", str(LAUNCHER), str(spec_path), "--", *argv]
         if self.isolation.namespaces:
-            return [shutil.which("unshare"), "--net", "--mount", "--pid", "--fork", "--kill-child",
+            return [shutil.which("unshare"), "--net", "--mount", "--pid", "--ipc", "--fork", "--kill-child",
                     "--propagation", "private", *launch]
         return launch
 

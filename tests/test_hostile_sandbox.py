@@ -18,6 +18,7 @@ import pytest
 
 from autograder import cpu, processes
 from autograder.chapters import Chapter
+from autograder.failures import call_failure
 from autograder.grade import grade_files
 from autograder.isolation import isolation
 from autograder.sandbox import Limits, Sandbox
@@ -524,3 +525,189 @@ def test_the_kernels_address_space_baseline_is_measured_once_per_installation(tm
     os.chmod(cached, 0o666)
     planted, measured = _baseline_in_a_new_process(env)
     assert measured == 1 and planted > 1, "a file others may write set the baseline"
+
+
+# --------------------------------------------------------------------- System V IPC and /dev/shm
+# A learner's script that talks to System V shared memory through libc: ``shm(key, size)``
+# creates (or with size 0 finds) a segment open to every user and returns its id, or -errno.
+SYSV = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT = 0o1000
+def shm(key, size):
+    shmid = libc.shmget(key, ctypes.c_size_t(size), (IPC_CREAT | 0o666) if size else 0)
+    return shmid if shmid >= 0 else -ctypes.get_errno()
+def write(shmid, data):
+    address = libc.shmat(shmid, None, 0)
+    ctypes.memmove(address, data, len(data))
+    libc.shmdt(ctypes.c_void_p(address))
+def read(shmid, size):
+    address = libc.shmat(shmid, None, 0)
+    data = ctypes.string_at(address, size)
+    libc.shmdt(ctypes.c_void_p(address))
+    return data
+"""
+SECRET = b"the reference says 42"
+KEY = 0x4D47_5348
+
+
+def _sysv_segments() -> list[dict]:
+    """The grader's own namespace's System V shared-memory segments, as /proc/sysvipc/shm lists them."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    header = lines[0].split()
+    return [dict(zip(header, line.split())) for line in lines[1:]]
+
+
+def _sandbox_owned(uid_fields=("uid", "cuid")) -> list[dict]:
+    low, high = processes.UID_RANGE
+    return [s for s in _sysv_segments() if any(low <= int(s[f]) < high for f in uid_fields)]
+
+
+def _run_to_end(box: Sandbox, source: str) -> str:
+    """Run ``source`` in ``box`` to its end; what it wrote to ``out`` in its folder."""
+    process = _in_sandbox(box, source)
+    assert process.wait(timeout=60) == 0, "the sandbox's script failed"
+    return (box.work / "out").read_text()
+
+
+def test_a_shared_memory_segment_never_reaches_a_submissions_next_sandbox(tmp_path):
+    """The first kernel of a submission writes what it can see into a System V segment under
+    a known key; the next kernel, in a new sandbox, finds no segment by that key. Each sandbox
+    has its own IPC namespace."""
+    needs_namespaces()
+    first, second = Sandbox(SMALL, parent=tmp_path), Sandbox(SMALL, parent=tmp_path)
+    try:
+        wrote = _run_to_end(first, SYSV + f"shmid = shm({KEY}, 4096)\nwrite(shmid, {SECRET!r})\n"
+                            "open('out', 'w').write(str(shmid))\n")
+        assert int(wrote) >= 0, f"the first sandbox could not create a segment (errno {-int(wrote)})"
+        found = _run_to_end(second, SYSV + f"shmid = shm({KEY}, 0)\n"
+                            f"open('out', 'w').write(repr(read(shmid, {len(SECRET)})) if shmid >= 0 else 'none')\n")
+        assert found == "none", f"the second sandbox read the first one's segment: {found}"
+    finally:
+        first.remove()
+        second.remove()
+
+
+def test_a_removed_sandbox_leaves_no_shared_memory_behind(tmp_path):
+    """A System V segment the learner never removed, and a POSIX one in /dev/shm, are gone
+    with the sandbox: none in the grader's namespace is owned by a sandbox's user id, and
+    nothing of the sandbox is in the host's /dev/shm."""
+    needs_namespaces()
+    box = Sandbox(SMALL, parent=tmp_path)
+    before = {p.name for p in Path("/dev/shm").iterdir()}
+    segments_before = {s["shmid"] for s in _sandbox_owned()}
+    try:
+        made = _run_to_end(box, SYSV + "from multiprocessing import shared_memory\n"
+                           "posix = shared_memory.SharedMemory(name='mg-left', create=True, size=4096)\n"
+                           "posix.close()\n"
+                           f"shmid = shm({KEY + 1}, 1 << 20)\nwrite(shmid, b'x' * (1 << 20))\n"
+                           "open('out', 'w').write(f\"{shmid} {os.path.exists('/dev/shm/mg-left')}\")\n")
+        shmid, posix = made.split()
+        assert int(shmid) >= 0 and posix == "True", made
+    finally:
+        box.remove()
+    assert [s for s in _sandbox_owned() if s["shmid"] not in segments_before] == [], "a sandbox's segment outlived it"
+    left = [p for p in Path("/dev/shm").iterdir() if p.name not in before]
+    assert not any(p.name == "mg-left" or p.lstat().st_uid == box.uid for p in left), left
+
+
+def test_shared_memory_is_capped_at_the_sandboxs_memory_limit(tmp_path):
+    """One segment larger than the memory limit, or several that add up to more, cannot be made."""
+    needs_namespaces()
+    box = Sandbox(SMALL, parent=tmp_path)
+    try:
+        limit = SMALL.memory
+        made = _run_to_end(box, SYSV + f"one = shm(0, {limit + (1 << 20)})\n"
+                           f"halves = [shm(0, {limit // 2 + (1 << 20)}) for _ in range(2)]\n"
+                           "open('out', 'w').write(' '.join(map(str, [one, *halves])))\n")
+        one, first_half, second_half = map(int, made.split())
+        assert one < 0, "a segment larger than the memory limit was made"
+        assert first_half >= 0 and second_half < 0, "segments adding up to more than the memory limit were made"
+    finally:
+        box.remove()
+
+
+def test_the_grader_sweeps_shared_memory_that_a_killed_run_left(tmp_path):
+    """Segments and /dev/shm files of a sandbox's user id in the grader's own namespace (an
+    earlier grader, killed, or one without IPC namespaces) are removed when grading starts."""
+    needs_namespaces()
+    import ctypes
+
+    uid = processes.UID_RANGE[0] + 7
+    libc = ctypes.CDLL(None, use_errno=True)
+    shmid = libc.shmget(0, ctypes.c_size_t(4096), 0o1000 | 0o600)
+    assert shmid >= 0, ctypes.get_errno()
+    stale = Path("/dev/shm") / "mg-stale-test"
+    try:
+        stale.write_bytes(b"left")
+        os.chown(stale, uid, uid)
+        buffer = ctypes.create_string_buffer(256)  # struct shmid_ds: owner set by IPC_SET
+        assert libc.shmctl(shmid, 2, buffer) == 0  # IPC_STAT
+        ctypes.c_uint32.from_buffer(buffer, 4).value = uid  # shm_perm.uid
+        ctypes.c_uint32.from_buffer(buffer, 8).value = uid  # shm_perm.gid
+        assert libc.shmctl(shmid, 1, buffer) == 0  # IPC_SET
+        assert any(int(s["shmid"]) == shmid for s in _sandbox_owned(("uid",)))
+        processes.sweep_stale(tmp_path)
+        assert not any(int(s["shmid"]) == shmid for s in _sysv_segments()), "the stale segment was kept"
+        assert not stale.exists(), "the stale /dev/shm file was kept"
+    finally:
+        libc.shmctl(shmid, 0, None)
+        stale.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------- exception type names
+def test_a_hidden_check_shows_no_exception_type_the_learner_defined():
+    """An answer that raises ``type(f"S{tuple(x.shape)}{x.dtype}", (Exception,), {})()`` names
+    the hidden check's input in its type: a hidden check shows only Python's built-in
+    exception names, and no frame name or code line. A visible check keeps the message."""
+    from autograder.failures import hidden_reason
+
+    leak = "S(3, 5)torch.float64"
+    answer = {"ok": False, "type": leak, "message": "", "frames": [
+        {"name": "shape_(3, 5)", "line": 2, "code": "raise type(f'S{tuple(x.shape)}{x.dtype}', (Exception,), {})()"}]}
+    error = call_failure(answer, "scale")
+    shown = hidden_reason(error, "assert scale(x, 2.0).shape == x.shape")
+    assert shown == "your scale raised an exception of a type your code defined", shown
+    assert "(3, 5)" not in shown and "float64" not in shown and "shape" not in shown, shown
+    assert type(error).__name__ == "StudentError", "a learner's type name would reach the verdict's ename"
+    builtin = call_failure({**answer, "type": "ValueError"}, "scale")
+    assert hidden_reason(builtin, "") == "your scale raised ValueError" and isinstance(builtin, ValueError)
+    assert leak in str(error), "a visible check keeps the learner's own message"
+
+
+# --------------------------------------------------------------------- submission times
+def test_a_back_dated_notebook_is_recorded_with_nbgraders_timestamp_and_its_source(tmp_path):
+    """``touch -d 2001-09-09`` back-dates the file; nbgrader's timestamp.txt beside it says
+    2030: the time recorded is 2030's, and says it came from timestamp.txt."""
+    import datetime
+
+    from autograder.collect import submission_time
+
+    folder = tmp_path / "alice" / fx.SLUG
+    folder.mkdir(parents=True)
+    notebook = folder / f"{fx.SLUG}.ipynb"
+    notebook.write_text("{}")
+    subprocess.run(["touch", "-d", "2001-09-09", str(notebook)], check=True)
+    when, source = submission_time(notebook)
+    assert (datetime.datetime.fromtimestamp(when, datetime.timezone.utc).year, source) == (2001, "file mtime")
+    (folder / "timestamp.txt").write_text("2030-01-02 03:04:05.000000 UTC")
+    when, source = submission_time(notebook)
+    assert datetime.datetime.fromtimestamp(when, datetime.timezone.utc) == \
+        datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert source == "nbgrader timestamp.txt"
+
+
+def test_on_gradescope_the_submission_time_is_gradescopes_own(tmp_path):
+    """Gradescope's submission_metadata.json, which the student cannot write, gives the time."""
+    import datetime
+
+    from autograder.gradescope import gradescope_time
+
+    (tmp_path / "submission_metadata.json").write_text(json.dumps({"created_at": "2030-01-02T03:04:05.5-07:00"}))
+    found = gradescope_time(tmp_path)
+    assert found["source"] == "gradescope"
+    assert datetime.datetime.fromtimestamp(found["time"], datetime.timezone.utc) == \
+        datetime.datetime(2030, 1, 2, 10, 4, 5, 500000, tzinfo=datetime.timezone.utc)
+    (tmp_path / "submission_metadata.json").write_text("{not json")
+    assert gradescope_time(tmp_path) is None
