@@ -240,8 +240,9 @@ def submission_time(path: Path | None) -> tuple[float | None, str]:
     """When the notebook at ``path`` was submitted (seconds since the epoch, UTC) and where
     that came from: nbgrader's ``timestamp.txt`` beside it (written by ``nbgrader submit``,
     kept by ``collect``) where there is a readable one, else the file's mtime, which
-    ``touch`` back-dates. ``(None, "none")`` when neither can be read."""
-    if path is None:
+    ``touch`` back-dates. ``(None, "none")`` when neither can be read, or there is no one
+    file (``path`` empty: a duplicate)."""
+    if not path:
         return None, "none"
     stamp = Path(path).with_name("timestamp.txt")
     if stamp.is_file() and not stamp.is_symlink():
