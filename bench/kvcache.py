@@ -7,7 +7,9 @@ A randomly initialized model of the shipped shape (4 layers, d_model 128, 4 head
 generation of --new tokens after a --prompt-token prompt, with ``minillm.kvcache.KVCache``
 and without a cache (every step reruns the whole context), side by side in one run, the
 two ways alternating. Prints the best time of each, the ratio, whether the tokens agree,
-the prefill and decode throughput with the cache, and the load average the run saw.
+the prefill and decode throughput with the cache, what a roll of the full cache (past
+the context) costs against the decode step that follows it, and the load average the run
+saw.
 The weights do not change the cost, so a random model stands in for a trained one with a
 longer context. One torch thread by default, as ``python -m minillm generate`` and chapter 09
 run this model: a cached step's operations are too small to share between threads, while
@@ -36,6 +38,21 @@ def seconds(run) -> float:
     started = time.perf_counter()
     run()
     return time.perf_counter() - started
+
+
+@torch.no_grad()
+def roll_and_step_seconds(model, steps: int) -> tuple[float, float]:
+    """The best time of ``KVCache.roll(1)`` on a full cache of the model's context, and of the
+    one-token decode step that fills it again, over ``steps`` of each, alternating."""
+    context = model.config.context_length
+    cache = KVCache.for_model(model, 1)
+    model(torch.randint(0, model.config.vocab_size, (1, context)), kv_cache=cache)
+    token = torch.zeros(1, 1, dtype=torch.long)
+    roll, step = float("inf"), float("inf")
+    for _ in range(steps):
+        roll = min(roll, seconds(lambda: cache.roll(1)))
+        step = min(step, seconds(lambda: model(token, kv_cache=cache)))
+    return roll, step
 
 
 def main() -> None:
@@ -77,6 +94,9 @@ def main() -> None:
     print(f"ratio: the KV cache is {best['recompute'] / best['KV cache']:.1f}x faster; "
           f"same tokens: {torch.equal(outputs['KV cache'], outputs['recompute'])}")
     print(f"with the cache: prefill {args.prompt / prefill:,.0f} tokens/s, decode {1 / decode:,.0f} tokens/s")
+    roll, step = roll_and_step_seconds(model, steps=20)
+    print(f"past the context: a roll of the full cache (1 of {model.config.context_length} positions) "
+          f"{roll * 1e3:.2f} ms, the decode step after it {step * 1e3:.2f} ms: the roll is {roll / step:.0%} of a step")
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 

@@ -66,9 +66,13 @@ class LoRALinear(nn.Module):
     ``merge()`` adds the update into ``base.weight`` (the layer then costs what a plain
     Linear costs) and keeps the weight it replaced, so ``unmerge()`` restores the base bit
     for bit (a copy of the adapted weight is held while merged).
+    blocks, adapted_rows: for a subclass that stacks the adapters of row blocks
+    (``FusedLoRALinear``): lora_A is then (blocks r, in_features) and lora_B
+    (adapted_rows, r); by default one adapter covers every output row.
     """
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, *, blocks: int = 1,
+                 adapted_rows: int | None = None):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"base must be a torch.nn.Linear, got {type(base).__name__}")
@@ -78,9 +82,10 @@ class LoRALinear(nn.Module):
         self.base, self.r, self.alpha = base, r, float(alpha)
         base.requires_grad_(False)
         factory = dict(device=base.weight.device, dtype=base.weight.dtype)
-        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, **factory))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw
+        rows = base.out_features if adapted_rows is None else adapted_rows
+        self.lora_A = nn.Parameter(torch.empty(blocks * r, base.in_features, **factory))
+        self.lora_B = nn.Parameter(torch.zeros(rows, r, **factory))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own draw (fan-in: in_features)
         self.dropout = nn.Dropout(dropout)
         # while merged, the base weight as it was: unmerge restores it bit for bit (W + BA - BA
         # is W only up to rounding, and an adapter file names its base by exact bytes)
@@ -228,17 +233,15 @@ class FusedLoRALinear(LoRALinear):
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, *, rows: dict):
-        super().__init__(base, r, alpha, dropout)
-        spans = sorted(rows.values())
-        if not spans or any(not 0 <= start < stop <= base.out_features for start, stop in spans) or any(
-                stop > start for (_, stop), (start, _) in zip(spans, spans[1:])):
+        spans = sorted(rows.values()) if isinstance(rows, dict) else []
+        if isinstance(base, nn.Linear) and (  # checked before the base is frozen; a wrong base is the parent's error
+                not spans or any(not 0 <= start < stop <= base.out_features for start, stop in spans)
+                or any(stop > start for (_, stop), (start, _) in zip(spans, spans[1:]))):
             raise ValueError(f"rows must map roles to (start, stop) output rows of base within "
                              f"[0, {base.out_features}], not overlapping, got {rows!r}")
+        super().__init__(base, r, alpha, dropout, blocks=len(spans),
+                         adapted_rows=sum(stop - start for start, stop in spans))
         self.rows = dict(sorted(rows.items(), key=lambda item: item[1]))
-        factory = dict(device=base.weight.device, dtype=base.weight.dtype)
-        self.lora_A = nn.Parameter(torch.empty(len(spans) * r, base.in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(sum(stop - start for start, stop in spans), r, **factory))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rows={self.rows}"

@@ -182,8 +182,23 @@ def test_defaults_adapt_the_q_and_v_rows_of_a_fused_projection():
                           plain[..., 48:] + 2.0 * x @ (B_v @ A_v).T], dim=-1)
     torch.testing.assert_close(layer(x), expected)
     assert lora.trainable_parameters(model) == lora.lora_parameter_count(model.config, 3)
+    overlapping = nn.Linear(4, 6)
     with pytest.raises(ValueError, match="rows"):
-        lora.FusedLoRALinear(nn.Linear(4, 6), 1, 1.0, rows={"q": (0, 4), "k": (3, 6)})
+        lora.FusedLoRALinear(overlapping, 1, 1.0, rows={"q": (0, 4), "k": (3, 6)})
+    assert overlapping.weight.requires_grad, "a refused FusedLoRALinear froze its base"
+
+
+def test_a_fused_adapter_draws_its_a_once_as_nn_linear_draws_a_weight():
+    """One draw of the stacked A (uniform, bound 1/sqrt(in_features)), the first after the seed: the
+    same generator state gives the same adapter as a hand-made draw, and B starts at zero."""
+    torch.manual_seed(3)
+    layer = lora.FusedLoRALinear(nn.Linear(8, 12), 2, 1.0, rows={"q": (0, 4), "v": (8, 12)})
+    torch.manual_seed(3)
+    nn.Linear(8, 12)  # the base's own draws come first
+    bound = 1 / math.sqrt(8)
+    expected = torch.empty(4, 8).uniform_(-bound, bound)
+    torch.testing.assert_close(layer.lora_A.detach(), expected, atol=1e-7, rtol=0)
+    assert layer.lora_B.shape == (8, 2) and not layer.lora_B.any()
 
 
 def test_fused_adapters_equal_the_same_adapters_on_the_unfused_model(tmp_path):

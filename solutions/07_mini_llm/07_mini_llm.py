@@ -121,7 +121,10 @@ What the model asks of its components:
   ``length``, an int, the positions it holds (the same for every row, padding included),
   and ``layer(i)``, the ``KVCacheLike`` of block i. Which cached positions are padding, the
   model learns from ``attention_mask``, which then covers the cached positions and the
-  new ones; a cache that keeps lengths per row keeps them for itself.
+  new ones; a cache that keeps lengths per row keeps them for itself. A rolling cache
+  that has dropped its oldest positions says how many in ``position_offset`` (an int, or
+  one per row): positions then continue from where the sequence really is, so no cached
+  key ever has to be rotated again.
 """
 import copy
 import math
@@ -292,7 +295,12 @@ def _plain_options(options) -> dict:
 # %%
 #| export minillm/model.py
 class ModelCacheLike(Protocol):
-    """What ``GPT.forward(..., kv_cache=...)`` needs from a cache (chapter 09 builds one)."""
+    """What ``GPT.forward(..., kv_cache=...)`` needs from a cache (chapter 09 builds one).
+
+    A rolling cache may also have ``position_offset``: the positions it has dropped before
+    its first one, an int or a (batch,) int tensor; the model numbers the cached
+    positions from there (absent: 0).
+    """
 
     length: int  # positions already cached (the same for every row, padding included), read once per forward
 
@@ -372,7 +380,8 @@ class GPT(nn.Module):
         targets (batch, seq), leaving out targets equal to -100, plus the modules'
         auxiliary losses (see the module's docstring).
         kv_cache: None, or a cache holding the keys and values of the ``kv_cache.length``
-        positions before ids (chapter 09); the new ones are appended.
+        positions before ids (chapter 09); the new ones are appended. A rolling cache's
+        ``position_offset`` (absent: 0) is added to every position.
         attention_mask: None, or a bool (batch, k_len) tensor, True for a real token and
         False for padding, k_len = cached + seq; each row's positions count its real
         tokens, and no token attends to padding (give padded targets -100).
@@ -381,11 +390,14 @@ class GPT(nn.Module):
         start = self._check_inputs(ids, targets, kv_cache, attention_mask)
         seq = ids.shape[1]
         if attention_mask is None:  # the same positions for every row
-            positions = torch.arange(start, start + seq, device=ids.device)
-            key_positions = torch.arange(start + seq, device=ids.device) if self.score_bias is not None else None
+            key_positions = torch.arange(start + seq, device=ids.device)
         else:  # each row counts its real tokens; padding gets position 0, and nothing attends to it
             key_positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-            positions = key_positions[:, start:]
+        offset = 0 if kv_cache is None else getattr(kv_cache, "position_offset", 0)
+        if isinstance(offset, torch.Tensor):  # one offset per row: (batch,) → (batch, 1)
+            offset = offset.to(ids.device)[:, None]
+        key_positions = key_positions + offset
+        positions = key_positions[..., start:]
         x = self.token_embedding(ids)
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions).to(x.dtype)

@@ -72,8 +72,9 @@ layer), and ``layer(i)``, block i's ``LayerKVCache``, whose ``update(k, v)`` is 
 04's ``KVCacheLike``.
 
 Past ``max_len``: with relative positions (RoPE, ALiBi) the cache rolls (``roll``): it
-forgets its oldest positions and renumbers the others from 0, so that every token attends
-to the last ``max_len`` tokens (sliding-window attention). With absolute positions
+forgets its oldest positions and counts them in ``position_offset``, from which the model
+numbers the new ones, so that every token attends to the last ``max_len`` tokens
+(sliding-window attention) and no kept key changes. With absolute positions
 (learned, sinusoidal) a key carries its position, so such a cache cannot roll: writing past
 ``max_len`` is a ``ValueError``, and ``generate`` empties it (``reset``) and refills it
 with the last tokens instead.
@@ -317,6 +318,8 @@ class KVCache:
 
     ``length``: the positions held, the same in every layer. ``layer(i)``: block i's
     ``LayerKVCache``. ``roll(n)`` forgets the n oldest positions, ``reset()`` all of them.
+    ``position_offset``: the positions rolled out before the first one held, an int (or a
+    (batch_size,) tensor once rolled with a padding mask); the model adds it to every position.
     ``nbytes``: the bytes of its buffers, ``kv_cache_bytes(config, batch_size, max_len, element size)``.
     """
 
@@ -336,7 +339,7 @@ class KVCache:
             raise ValueError(f"rolling=True needs relative positions (rope, alibi), but the config's positions are "
                              f"{config.positions!r}: an absolute position is part of every cached key and value")
         self.config, self.batch_size, self.max_len, self.rolling = config, batch_size, max_len, rolling
-        self.rotary = position.from_config(config) if position.role == "rotary" else None
+        self.position_offset: int | torch.Tensor = 0
         self.layers = [LayerKVCache(batch_size, config.n_kv_heads, max_len, config.head_dim, dtype=dtype, device=device)
                        for _ in range(config.n_layers)]
 
@@ -372,17 +375,19 @@ class KVCache:
         """Forget every position (the buffers stay allocated)."""
         for layer in self.layers:
             layer.length = 0
+        self.position_offset = 0
 
     def roll(self, n: int, attention_mask: torch.Tensor | None = None) -> None:
-        """Forget the n oldest positions in every layer; the others become positions 0, 1, ...
+        """Forget the n oldest positions in every layer; no kept key or value changes.
 
         attention_mask: None, or the (batch_size, length) bool mask of the cached positions
         (True for real tokens) as the model got it; the caller drops its first n columns.
-        The model numbers cached positions from 0 (or by counting each row's real tokens),
-        so the kept ones move down. ALiBi's bias is computed from those numbers at every
-        step, and nothing else changes. RoPE's keys carry their rotation: each kept key is
-        rotated back by the positions it moves (a rotation by a, then by b, is a rotation by
-        a + b), as llama.cpp's context shift does.
+        The kept keys and values move down by n slots, and ``position_offset`` grows by
+        the positions dropped (by each row's real tokens among them, with a mask), so the
+        model numbers every position as it was numbered when written. A score depends only
+        on the distance between a query and a key, with RoPE as with ALiBi, so each key is
+        rotated once, when it is written, and a 16-bit cache gathers no rounding error roll
+        after roll.
         """
         if not self.rolling:
             raise ValueError(f"this cache does not roll (rolling={self.rolling}, positions {self.config.positions!r}): "
@@ -394,21 +399,12 @@ class KVCache:
         if attention_mask is not None:
             check_attention_mask(attention_mask, (self.batch_size, length), "(batch_size, length)")
         keep = length - n
-        moved = None  # by how many positions each kept key moves (negative), for RoPE
-        if self.rotary is not None and keep:
-            if attention_mask is None:
-                moved = torch.full((keep,), -n, device=self.layers[0].k.device)
-            else:
-                moved = positions_from_mask(attention_mask[:, n:]) - positions_from_mask(attention_mask)[:, n:]
         for layer in self.layers:
             for buffer in (layer.k, layer.v):
                 buffer[:, :, :keep] = buffer[:, :, n:length].clone()  # the slices overlap: copy first
             layer.length = keep
-        if moved is not None:  # every layer's keys in one rotation: (n_layers * batch, heads, keep, head_dim)
-            keys = torch.cat([layer.k[:, :, :keep] for layer in self.layers])
-            rotated = self.rotary.rotate(keys, moved if moved.dim() == 1 else moved.repeat(len(self.layers), 1))
-            for layer, k in zip(self.layers, rotated.split(self.batch_size)):
-                layer.k[:, :, :keep] = k
+        dropped = n if attention_mask is None else attention_mask[:, :n].sum(dim=-1)
+        self.position_offset = self.position_offset + dropped
 
 # %% [markdown]
 # Cached and recomputed, compared: the shipped model's logits over 40 tokens of the
@@ -953,15 +949,20 @@ print(f"the model's weights: {sum(p.numel() * p.element_size() for p in model.pa
 # computed with positions numbered from the start. Two policies, by position encoding:
 #
 # - **Relative positions (RoPE, ALiBi): a rolling window.** The attention scores depend
-#   only on distances, so the cache can forget its oldest position and number the others
-#   from 0 again (`KVCache.roll`): ALiBi needs nothing else, RoPE rotates the kept keys
-#   back by one position. Every token then attends to the last `max_len` tokens: this is
+#   only on distances, so the cache can forget its oldest position and keep the others
+#   as they are (`KVCache.roll`). It counts what it dropped in `position_offset`, and the
+#   model numbers the new token from there: position 300 stays position 300, although
+#   the cache holds only the last 128. A RoPE key is rotated once, when it is written,
+#   and never again; nothing is renumbered, so a cache in 16 bits gathers no rounding
+#   error, roll after roll. Every token then attends to the last `max_len` tokens: this is
 #   **sliding-window attention**, which Mistral-7B uses by design with a rolling buffer.
 #   It is not the same as cropping: a cached key in layer 2 was computed when its token
 #   could still see tokens that have since left the window, so information travels
-#   further back than the window, one window per layer. The tests check that rolling
-#   equals recomputing the same sliding-window attention without a cache, and, for one
-#   layer, where both coincide, cropping.
+#   further back than the window, one window per layer. With more than one layer, a
+#   rolling cache past the context is therefore *not* a recompute of its last window,
+#   even in exact arithmetic. The tests check that rolling equals recomputing the same
+#   sliding-window attention without a cache, and, for one layer, where both coincide,
+#   cropping.
 # - **Absolute positions (learned, sinusoidal): refill.** A key's position is baked into
 #   it, so nothing can be renumbered. `generate` empties the cache and refills it with
 #   the last half of the window in one prefill, then decodes on; every token then sees
@@ -1091,8 +1092,8 @@ plt.show()
 #
 # - `minillm.kvcache`: `LayerKVCache` (Exercise 1: `update` writes into the preallocated
 #   slice), `KVCache(config, batch_size, max_len, dtype=None, device=None, rolling=None)`
-#   with `length`, `layer(i)`, `reset`, `roll` (a rolling window for RoPE and ALiBi),
-#   `nbytes` and `KVCache.for_model(model, batch_size)`, and `positions_from_mask`
+#   with `length`, `layer(i)`, `reset`, `roll` (a rolling window for RoPE and ALiBi,
+#   counted in `position_offset`), `nbytes` and `KVCache.for_model(model, batch_size)`, and `positions_from_mask`
 #   (Exercise 3).
 # - `generate(..., kv_cache=KVCache(...))` decodes with it and continues past the context:
 #   rolling for relative positions, refilling for absolute ones. `python -m minillm
