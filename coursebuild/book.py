@@ -79,15 +79,12 @@ def launch_links(slug: str) -> str:
     return f"[Colab]({colab_url(slug)}) · [Binder]({binder_url(slug)})"
 
 
-def placeholder() -> bool:
-    """Whether the repository's address is still the placeholder of an unpublished repository."""
-    return "PLACEHOLDER" in colab.repository()
 
 
 def course_map_table() -> str:
     """README's course map: one row per chapter of :data:`CHAPTERS`; Colab and Binder links
     only once the repository has a real address."""
-    links = not placeholder()
+    links = colab.published()
     head = ["ch", "notebook", "topic", "on the tee", "adds to `minillm`", "time"] + ["open in"] * links + ["status"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for entry in CHAPTERS:
@@ -130,14 +127,14 @@ def chapter_page(entry: Chapter):
         cell = copy.deepcopy(cell)
         if cell.cell_type == "code":
             # The Colab set-up cell clones the repository's address: none to show until it is real.
-            if cell.source.strip() == HIDDEN_ONLY or (cell.id == marks.COLAB_SETUP_ID and placeholder()):
+            if cell.source.strip() == HIDDEN_ONLY or (cell.id == marks.COLAB_SETUP_ID and not colab.published()):
                 continue
             source = solution.get(cell.id)
             if source is not None and not _is_answer_or_test(cell) and not _is_answer_or_test(source):
                 cell.outputs = _without_widgets(source.outputs)
                 cell.execution_count = source.get("execution_count")
         cells.append(cell)
-    where = "" if placeholder() else f"*Open this chapter in* {launch_links(entry.slug)} *(it sets itself up there), or* "
+    where = "" if not colab.published() else f"*Open this chapter in* {launch_links(entry.slug)} *(it sets itself up there), or* "
     note = f"{where or '*'}{'r' if where else 'R'}*un it locally with `make lab`.* Time: about {entry.minutes} minutes."
     # Under the chapter's title: the title line of its first cell, or the page's top.
     title, _, rest = cells[0].source.partition("\n") if cells and cells[0].cell_type == "markdown" else ("", "", "")
@@ -150,7 +147,7 @@ def chapter_page(entry: Chapter):
 
 
 def index_page(pages: dict[str, object]) -> str:
-    links = not placeholder()
+    links = colab.published()
     lines = ["# The Transformer, one component at a time", "",
              "A Jupyter textbook and exercise course on how large language models work, from the 2017 "
              "Transformer to DPO. Each chapter teaches one component, with the maths, the code, figures "

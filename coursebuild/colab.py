@@ -3,7 +3,8 @@
 The build puts :func:`cell_source` before the first code cell of every notebook. In Colab
 the cell clones the repository (its address is ``[project.urls] Repository`` in
 pyproject.toml, the one place it is written) and runs this file from the clone, as a
-script; anywhere else the cell does nothing.
+script; while that address is a placeholder, it says so and stops. Anywhere else the cell
+does nothing.
 
 As a script this file uses the standard library only (nothing of the course is installed
 yet). It installs the course in editable mode without its dependencies, then every
@@ -29,13 +30,26 @@ def repository(root: Path | None = None) -> str:
         return tomllib.load(file)["project"]["urls"]["Repository"]
 
 
+def published(root: Path | None = None) -> bool:
+    """Whether the repository has a real address yet (not the placeholder of an unpublished one)."""
+    return "PLACEHOLDER" not in repository(root)
+
+
+UNPUBLISHED = ("this copy of the course names no repository that Colab could fetch: pyproject.toml's "
+               "[project.urls] Repository is still a placeholder. Run the course on your own machine "
+               "(README.md, Start: make lab), or set that address and rebuild the notebooks (make build).")
+
+
 def cell_source(root: Path | None = None) -> str:
-    """The set-up cell: a no-op except in Colab."""
+    """The set-up cell: a no-op except in Colab. While the repository's address is the
+    placeholder, in Colab it stops with :data:`UNPUBLISHED` rather than clone nothing."""
+    head = ("# Colab: fetch and install the course in this runtime. Anywhere else this cell does nothing.\n"
+            "import sys\n"
+            "if \"google.colab\" in sys.modules:\n")
+    if not published(root):
+        return head + f"    raise RuntimeError({json.dumps(UNPUBLISHED)})"
     clone, script, url = json.dumps(CLONE), json.dumps(f"{CLONE}/coursebuild/colab.py"), json.dumps(repository(root))
-    return (
-        "# Colab: fetch and install the course in this runtime. Anywhere else this cell does nothing.\n"
-        "import sys\n"
-        "if \"google.colab\" in sys.modules:\n"
+    return head + (
         "    import os, subprocess\n"
         f"    if not os.path.isdir({clone}):\n"
         f"        subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", {url}, {clone}], check=True)\n"

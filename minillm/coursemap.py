@@ -31,7 +31,7 @@ CHAPTERS = (
     Chapter("04_attention", "Attention: scaled dot-product, multi-head, GQA", "left sleeve: MHA; Tech Band core", ("minillm.attention",), 120),
     Chapter("05_feed_forward", "The feed-forward network: GELU and SwiGLU", "left sleeve: Dense → GELU → Dense", ("minillm.ffn",), 60),
     Chapter("06_normalization", "Normalization and residuals", "left sleeve: Add & Norm", ("minillm.norm", "minillm.block"), 75),
-    Chapter("07_mini_llm", "The mini-LLM: assemble, train, sample", "back graphic, end to end", ("minillm.model", "minillm.loss", "minillm.optim", "minillm.batches", "minillm.train", "minillm.recipe", "minillm.sampling", "minillm.generate", "minillm.convert"), 120),
+    Chapter("07_mini_llm", "The mini-LLM: assemble, train, sample", "back graphic, end to end", ("minillm.model", "minillm.loss", "minillm.optim", "minillm.batches", "minillm.train", "minillm.train_state", "minillm.recipe", "minillm.sampling", "minillm.generate", "minillm.convert"), 120),
     Chapter("08_scaling", "Scaling laws and data-parallel training", "back graphic: bigger", ("minillm.scaling",), 75),
     Chapter("09_kv_cache", "The KV cache", "Tech Band: KV Cache", ("minillm.kvcache",), 60),
     Chapter("10_flash_attention", "FlashAttention: tiling and online softmax", "Tech Band: FlashAttention", ("minillm.flash",), 90),

@@ -159,7 +159,7 @@ LAUNCH = re.compile(r"PLACEHOLDER|colab\.research\.google\.com|mybinder\.org")
 def test_no_placeholder_or_launch_link_is_published(site):
     """While the repository's address is the placeholder, README and no file of the site
     (pages, their sources, the search index) names it or links to Colab or Binder."""
-    assert book.placeholder(), "pyproject.toml holds a real address: this test is for the placeholder"
+    assert not book.colab.published(), "pyproject.toml holds a real address: this test is for the placeholder"
     assert not LAUNCH.search((paths.ROOT / "README.md").read_text(encoding="utf-8"))
     found = [f"{path.relative_to(site)}: {LAUNCH.search(path.read_text(encoding='utf-8', errors='replace')).group(0)}"
              for path in sorted(site.rglob("*")) if path.is_file() and path.relative_to(site).parts[0] != "_static"
@@ -169,7 +169,7 @@ def test_no_placeholder_or_launch_link_is_published(site):
 
 def test_a_real_address_publishes_well_formed_links(monkeypatch):
     monkeypatch.setattr(book.colab, "repository", lambda root=None: "https://github.com/someone/course")
-    assert not book.placeholder()
+    assert book.colab.published()
     table = book.course_map_table()
     assert "| open in |" in table.splitlines()[0]
     entry = next(e for e in book.CHAPTERS if e.slug == SLUGS[0])

@@ -1247,35 +1247,32 @@ for step in range(bare_steps):
 
 # %%
 #| export minillm/train.py
-"""Training the mini-LLM: the loop, its configuration and its resumable state (chapter 07).
+"""Training the mini-LLM: the loop and its configuration (chapter 07).
 
 - ``TrainConfig``: steps, AdamW, the schedule, clipping, evaluation and checkpoints.
 - ``train(model, batches, config, *, loss_fn=lm_loss, evaluate=None, state=None, ...)``:
   the loop (gradient clipping, accumulation, periodic evaluation, a ``tqdm`` bar) for any
   module, a ``DistributedDataParallel`` wrapper included, any batch iterator and any loss.
-- ``TrainState``: everything the next step depends on besides the weights (optimizer,
-  scheduler, data cursor, every rank's random generators, step, history); it saves and
-  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
-- ``save_model`` / ``load_model``, ``lm_loss`` (the default loss) and ``held_out_loss`` (an
-  ``evaluate`` callback).
+- ``lm_loss`` (the default loss) and ``held_out_loss`` (an ``evaluate`` callback).
 
-Its parts: the loss in ``minillm.loss``, the optimizer and schedule in ``minillm.optim``,
-the batches in ``minillm.batches``. The recipe of ``make train`` and the shipped model's
-files are in ``minillm.recipe``.
+What a run saves is in ``minillm.train_state``: ``TrainState`` (resumable training) and
+``save_model`` / ``load_model`` (weights only), importable from here too. The loss is in
+``minillm.loss``, the optimizer and schedule in ``minillm.optim``, the batches in
+``minillm.batches``. The recipe of ``make train`` and the shipped model's files are in
+``minillm.recipe``.
 """
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from minillm.checkpoint import (CheckpointError, config_from_dict, is_main_process, load_checkpoint,
-                                rank_and_world_size, rng_states, save_checkpoint, set_rng_states)
+from minillm.checkpoint import config_from_dict, rank_and_world_size, rng_states, set_rng_states
 from minillm.checks import non_negative_int, number, positive_int, positive_number
 from minillm.loss import token_nll
-from minillm.model import GPT, GPTConfig
-from minillm.optim import build_optimizer, build_scheduler
+# save_model and load_model are imported for the callers that have always found them here
+from minillm.train_state import HISTORY, TrainState, load_model, save_model, unwrap
 
 
 @dataclass(frozen=True)
@@ -1319,6 +1316,34 @@ class TrainConfig:
     def from_dict(cls, values: dict) -> "TrainConfig":
         """The config ``asdict`` wrote; ``ValueError`` naming unknown keys."""
         return config_from_dict(cls, values)
+
+
+# %%
+#| export minillm/train_state.py
+"""What a training run saves (chapter 07): ``TrainState`` and weights-only model files.
+
+- ``TrainState``: everything the next step depends on besides the weights (optimizer,
+  scheduler, data cursor, every rank's random generators, step, history); it saves and
+  loads as a checkpoint, so that a resumed run repeats the uninterrupted one exactly.
+- ``save_model`` / ``load_model``: a GPT's config and weights, nothing else.
+- ``unwrap``: the model inside a ``DistributedDataParallel`` or ``torch.compile`` wrapper,
+  the one whose weights and config a file keeps.
+
+The file format (atomic writes, safe loading, random-generator states) is in
+``minillm.checkpoint``; the loop that fills a ``TrainState`` is ``minillm.train``.
+"""
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from minillm.checkpoint import CheckpointError, is_main_process, load_checkpoint, save_checkpoint
+from minillm.model import GPT, GPTConfig
+from minillm.optim import build_optimizer, build_scheduler
+
+if TYPE_CHECKING:
+    from minillm.train import TrainConfig
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -1425,7 +1450,8 @@ def held_out_loss(ids: torch.Tensor, max_windows: int | None = 64, batch_size: i
 
     return evaluate
 
-
+# %%
+#| export minillm/train_state.py
 HISTORY = ("train_loss", "lr", "val_step")  # the lists every history has; loss_fn and evaluate add their own
 _RUN = ("format", "config", "train_config", "model", "optimizer", "scheduler", "step", "history", "batches", "rng")
 
