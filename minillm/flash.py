@@ -166,14 +166,14 @@ def tiled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     return out, lse
 
 
-def score_grad(p: torch.Tensor, dp: torch.Tensor, o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """The gradient at one tile's scores, dS = P * (dP - rowsum(dO * O)).
+def score_grad(p: torch.Tensor, dp: torch.Tensor, row_term: torch.Tensor) -> torch.Tensor:
+    """The gradient at one tile's scores, dS = P * (dP - D).
 
     p: (..., bq, bk), the tile's attention weights; dp: (..., bq, bk), dO V^T on the tile;
-    o, do: (..., bq, d), the query block's output and the gradient at it. Returns dS
-    (..., bq, bk). Exact for each tile because rowsum(P * dP) over all keys equals
-    rowsum(dO * O)."""
-    return p * (dp - (do * o).sum(dim=-1, keepdim=True))
+    row_term: (..., bq), D = rowsum(dO * O) of the tile's queries (their output and the
+    gradient at it), computed once per query before the loops. Returns dS (..., bq, bk).
+    Exact for each tile because rowsum(P * dP) over all keys equals rowsum(dO * O)."""
+    return p * (dp - row_term[..., None])
 
 
 def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -183,14 +183,17 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
     out, lse: what the forward returned for q, k, v and ``causal``; d_out: the gradient at
     out. Each tile of the weights is recomputed as P = exp(q k^T / sqrt(d) - lse) (zeros for
-    a query that sees no key); dS comes from ``score_grad``. Memory beyond the inputs and
-    the gradients: one block_q x block_k tile at a time.
+    a query that sees no key); dS comes from ``score_grad``, with D = rowsum(d_out * out)
+    computed once for every query before the loops, as FlashAttention-2 does. Memory beyond
+    the inputs and the gradients: D, one number per query, and one block_q x block_k tile at
+    a time.
     """
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1])
     offset = n_keys - n_queries
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None]  # a query that sees no key: P = exp(-inf) = 0
+    row_term = (d_out * out).sum(dim=-1)  # D: once per query, not once per tile
     query_positions, key_positions = torch.arange(n_queries, device=q.device), torch.arange(n_keys, device=q.device)
     for j0 in range(0, n_keys, block_k):  # FlashAttention-2's order: one block of keys and values at a time...
         j1 = min(j0 + block_k, n_keys)
@@ -201,14 +204,14 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             kind = tile_visibility(i0, i1, j0, j1, offset) if causal else "full"
             if kind == "skip":
                 continue  # queries before these keys; a later block of queries may see them
-            q_i, o_i, do_i = q[..., i0:i1, :], out[..., i0:i1, :], d_out[..., i0:i1, :]
+            q_i, do_i = q[..., i0:i1, :], d_out[..., i0:i1, :]
             scores = (q_i @ k_j.transpose(-2, -1)) * scale
             if kind == "partial":
                 future = key_positions[None, j0:j1] > query_positions[i0:i1, None] + offset
                 scores = scores.masked_fill(future, float("-inf"))
             p = (scores - lse[..., i0:i1, :]).exp()  # the tile's weights, recomputed
             dv_j += (p.transpose(-2, -1) @ do_i).sum_to_size(dv_j.shape)
-            ds = score_grad(p, do_i @ v_j.transpose(-2, -1), o_i, do_i)
+            ds = score_grad(p, do_i @ v_j.transpose(-2, -1), row_term[..., i0:i1])
             dk_j += (ds.transpose(-2, -1) @ q_i * scale).sum_to_size(dk_j.shape)
             dq[..., i0:i1, :] += (ds @ k_j * scale).sum_to_size(dq[..., i0:i1, :].shape)
         dk[..., j0:j1, :], dv[..., j0:j1, :] = dk_j, dv_j

@@ -100,13 +100,16 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return out.view(batch, n_heads, q_len, d), lse.view(batch, n_heads, q_len)
 
 
+def gpu_launch_options(head_dim: int) -> dict:
+    """Tiles and warps for ``triton_attention_forward`` on a GPU: 128 queries by 64 keys (32
+    keys for head_dim above 64, to fit the shared memory)."""
+    wide = head_dim > 64
+    return {"block_m": 128, "block_n": 32 if wide else 64, "num_warps": 8 if wide else 4, "num_stages": 3}
+
+
 def launch_options(q: torch.Tensor) -> dict:
-    """Tiles and warps for ``triton_attention_forward``: on a GPU, 128 queries by 64 keys
-    (32 keys for head_dim above 64, to fit the shared memory); in the interpreter, 16 by 16."""
-    if q.device.type != "cuda":
-        return {}
-    d = q.shape[-1]
-    return {"block_m": 128, "block_n": 64 if d <= 64 else 32, "num_warps": 4 if d <= 64 else 8, "num_stages": 3}
+    """``gpu_launch_options`` for q on a CUDA GPU; in the interpreter, the launcher's 16 by 16."""
+    return gpu_launch_options(q.shape[-1]) if q.device.type == "cuda" else {}
 
 
 class TritonFlashAttention(torch.autograd.Function):

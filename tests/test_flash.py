@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from minillm import flash
 from minillm.attention import get_attention_backend
@@ -180,8 +181,38 @@ def test_score_grad_is_autograds_gradient_at_the_scores():
     p = torch.softmax(scores, -1)
     o = p @ v
     (o * do).sum().backward()
-    torch.testing.assert_close(flash.score_grad(p.detach(), do @ v.transpose(-2, -1), o.detach(), do), scores.grad,
+    row_term = (do * o.detach()).sum(-1)
+    torch.testing.assert_close(flash.score_grad(p.detach(), do @ v.transpose(-2, -1), row_term), scores.grad,
                                atol=1e-12, rtol=1e-12)
+
+
+class RowSums(TorchDispatchMode):
+    """Counts the sums over the last dimension of tensors whose last dimension has ``width`` entries."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width, self.count = width, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.sum.dim_IntList and args[0].shape[-1] == self.width:
+            self.count += list(args[1]) in ([-1], [args[0].dim() - 1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_computes_the_row_term_once_not_once_per_tile(causal):
+    """FlashAttention-2's D = rowsum(dO * O): one sum over the head dimension (5, no block's
+    size) for all the queries, before the loops, whatever the number of tiles (here 4 x 5)."""
+    q, k, v = randn(2, 13, 5), randn(2, 13, 5, seed=1), randn(2, 13, 5, seed=2)
+    out, lse = flash.tiled_attention_forward(q, k, v, causal=causal, block_q=4, block_k=3)
+    d_out = randn(2, 13, 5, seed=3)
+    with RowSums(width=5) as sums:
+        grads = flash.tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal, block_q=4, block_k=3)
+    assert sums.count == 1
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(naive_attention(*leaves, causal)[0], leaves, d_out)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, **CLOSE[torch.float64])
 
 
 # ---------------------------------------------------------------- memory

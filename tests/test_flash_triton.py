@@ -1,5 +1,5 @@
-"""minillm.flash_triton against naive attention, on small shapes (N 40-100, head_dim 16-32,
-the launcher's blocks of 16): run by Triton's interpreter on CPU tensors when
+"""minillm.flash_triton against naive attention, on small shapes (N 40-150, head_dim 16-128,
+the launcher's blocks of 16 and the GPU's of 128 x 64 and 128 x 32): run by Triton's interpreter on CPU tensors when
 TRITON_INTERPRET=1 (the root conftest.py sets it for every test run), compiled for a CUDA
 GPU otherwise (``TRITON_INTERPRET=0 pytest tests/test_flash_triton.py`` on a GPU machine),
 where bfloat16 is tested too: the interpreter's tl.dot has no bfloat16."""
@@ -55,6 +55,22 @@ def test_triton_forward_is_exact_to_naive_attention(case, causal, dtype, tol):
     assert out.dtype == dtype and out.shape == q.shape and lse.shape == q.shape[:-1]
     torch.testing.assert_close(out.double().cpu(), expected, atol=tol, rtol=tol)
     torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64-128x64", "d128-128x32"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_gpu_tiles_are_exact_to_naive_attention(head_dim, causal):
+    """The tiles a GPU launch uses (``gpu_launch_options``: 128 queries by 64 or 32 keys), at the
+    smallest shapes that give each a second, ragged block: 130 queries (128 + 2) over 150 keys
+    (64 + 64 + 22, or 4 blocks of 32 and 22), two query heads sharing one K/V head."""
+    options = flash_triton.gpu_launch_options(head_dim)
+    assert (options["block_m"], options["block_n"]) == ((128, 64) if head_dim == 64 else (128, 32))
+    q = randn(1, 2, 130, head_dim)
+    k, v = randn(1, 1, 150, head_dim, seed=1), randn(1, 1, 150, head_dim, seed=2)
+    out, lse = flash_triton.triton_attention_forward(q, k, v, causal=causal, **options)
+    expected, expected_lse = naive_attention(q, k, v, causal)
+    torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=1e-5, rtol=1e-5)
 
 
 def test_gradients_through_the_pytorch_recomputing_backward():
