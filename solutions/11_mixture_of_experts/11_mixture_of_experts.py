@@ -1484,18 +1484,29 @@ for n_experts, top_k, label in ((8, 2, "our MoE / Mixtral: 8 experts, top-2"), (
 # is part of why it is served with expert parallelism over many devices.
 #
 # And the wall clock on a CPU, at our size. `python bench/moe.py` times training steps
-# (one thread, batch 8 × 128, 7 interleaved rounds) of the three models side by side. In
-# two runs on a busy 2-core machine, the MoE with sorted dispatch reached 0.77 and 0.76 of
-# the dense model's tokens per second, and the masked per-expert loop 0.74 both times. The
-# dense model timed against a copy of itself gave 0.90 and 0.92, with rounds from 0.68 to
-# 1.16: the measurement's noise floor. So the mixture is about a quarter slower per token,
-# and the two dispatches do not differ measurably at 8 experts. (The training runs of the
-# cache agree: 847–976 tokens/s for the MoE runs against 1,231–1,368 for dense, on the
-# loaded machine, as `data/moe_runs.json` records.) A mixture of equal active size does the same arithmetic and more of
-# everything else: routing, sorting, a
-# gather and a scatter of every token, eight small matrix products where the dense model
-# has one large one (small products use a CPU's arithmetic less well), and 2.5 times the
-# weights and optimizer state to stream through memory at every step.
+# (one thread, batch 8 × 128, 7 interleaved rounds of 3 steps) of the three models side by
+# side. Two runs of it on 2026-12-03, on a 2-core machine busy with other work, gave the
+# MoE with sorted dispatch 0.71 and 0.90 of the dense model's tokens per second (the
+# median over the rounds), the masked per-expert loop 0.65 and 1.00, and the dense model
+# timed against a copy of itself, the noise floor, 0.94 and 1.07, with single rounds from
+# 0.46 to 2.11. On that machine the noise was larger than the difference. The training
+# runs of the cache, 800 steps each, average over far longer:
+
+# %%
+speed = {kind: [runs[f"{kind}-s{s}"]["tokens_per_second"] for s in seeds] for kind in ("dense", "moe")}
+for kind, values in speed.items():
+    print(f"{kind:>5}: {', '.join(f'{v:,d}' for v in values)} tokens/s over its 800 training steps (seeds {seeds})")
+print(f"MoE / dense, mean tokens per second: {sum(speed['moe']) / sum(speed['dense']):.2f}")
+
+# %% [markdown]
+# Over 800 steps each, the mixture trained at about two thirds of the dense model's speed
+# per token (the runs shared the machine with one another, so the absolute rates are
+# low). A mixture of equal active size does the same arithmetic and more of everything
+# else: routing, sorting, a gather and a scatter of every token, eight small matrix
+# products where the dense model has one large one (small products use a CPU's arithmetic
+# less well), and 2.5 times the weights and optimizer state to stream through memory at
+# every step. Whether the sorted dispatch beats the masked loop at 8 experts the two
+# bench runs above cannot tell.
 #
 # **Verdict:** "keeping inference costs low" holds for FLOPs per token. It does not hold
 # for memory (the total), nor for the bandwidth of batched decoding, and at small sizes
