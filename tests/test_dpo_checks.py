@@ -43,7 +43,10 @@ def beta_on_the_policy(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
 
 
 def kl_in_float32(policy_logps, ref_logps):
-    reference_dpo.kl_estimate(policy_logps, ref_logps)  # its errors
+    if not isinstance(policy_logps, torch.Tensor) or policy_logps.dim() != 1 or len(policy_logps) < 2:
+        raise ValueError("policy_logps must be a 1-D tensor of at least 2 samples")
+    if not isinstance(ref_logps, torch.Tensor) or ref_logps.shape != policy_logps.shape:
+        raise ValueError("ref_logps must have policy_logps' shape")
     ratios = policy_logps - ref_logps  # float32 inputs stay float32
     return ratios.mean().item(), (ratios.std() / math.sqrt(len(ratios))).item()
 
