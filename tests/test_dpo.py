@@ -368,16 +368,34 @@ def test_sft_objective_is_the_mean_nll_of_the_chosen_response_tokens():
     assert logged["chosen_logp"].item() == pytest.approx(-expected.item() * 6, rel=1e-5)
 
 
-def test_evaluate_policy_of_the_reference_has_zero_kl():
-    model = small_gpt()
-    tokenizer = LetterTokenizer()
-    prompts = torch.randint(0, 26, (8, 3), generator=torch.Generator().manual_seed(13))
-    measured = dpo.evaluate_policy(model, dpo.frozen_reference(model), tokenizer, prompts, 4, samples=2,
+def exact_kl(policy, reference, prompts, vocab) -> float:
+    """KL(policy || reference) of 2-token responses, mean over the prompts, by enumerating all
+    vocab² responses: the chain rule, KL(y1) + E_y1[KL(y2 | y1)], in float64."""
+    total = 0.0
+    with torch.no_grad():
+        for prompt in prompts:
+            firsts = torch.cat([prompt.repeat(vocab, 1), torch.arange(vocab)[:, None]], dim=1)  # (vocab, len + 1)
+            p1, q1 = (torch.log_softmax(m(prompt[None])[0][0, -1].double(), -1) for m in (policy, reference))
+            p2, q2 = (torch.log_softmax(m(firsts)[0][:, -1].double(), -1) for m in (policy, reference))
+            total += float((p1.exp() * (p1 - q1)).sum() + (p1.exp() * (p2.exp() * (p2 - q2)).sum(-1)).sum())
+    return total / len(prompts)
+
+
+def test_evaluate_policy_estimates_the_exact_kl_of_another_policy():
+    reference, policy = small_gpt(), small_gpt()
+    with torch.no_grad():
+        policy.final_norm.weight.mul_(4.0)  # sharper logits: a policy far from the reference
+    prompts = torch.randint(0, SMALL["vocab_size"], (4, 3), generator=torch.Generator().manual_seed(13))
+    exact = exact_kl(policy, reference, prompts, SMALL["vocab_size"])
+    measured = dpo.evaluate_policy(policy, dpo.frozen_reference(reference), LetterTokenizer(), prompts, 2, samples=1024,
                                    generator=torch.Generator().manual_seed(0), score=lambda text: "b" in text)
-    assert measured["kl"] == 0.0 and measured["kl_stderr"] == 0.0
-    assert 0.0 <= measured["attribute_rate"] <= 1.0
+    assert exact > 0.1
+    assert abs(measured["kl"] - exact) < 4 * measured["kl_stderr"] < 0.2 * exact
     p = measured["attribute_rate"]
-    assert measured["attribute_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / 16))
+    assert measured["attribute_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / 4096))
+    same = dpo.evaluate_policy(reference, dpo.frozen_reference(reference), LetterTokenizer(), prompts, 2, samples=2,
+                               generator=torch.Generator().manual_seed(0))
+    assert same["kl"] == 0.0 and same["kl_stderr"] == 0.0  # the reference against its copy
 
 
 def test_train_state_resumes_a_dpo_run_exactly(tmp_path):

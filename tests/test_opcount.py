@@ -1,6 +1,7 @@
 """course_runtime.opcount: the lines of Python a call runs in the learner's code, counted
 per iteration, and not those of the libraries it calls."""
 import statistics
+import sys
 
 import torch
 
@@ -33,12 +34,7 @@ def test_the_libraries_lines_are_not_counted():
 
 
 def test_the_tracer_before_the_count_is_restored():
-    import sys
-
-    seen = []
-
     def outer(frame, event, arg):
-        seen.append(event)
         return None
 
     sys.settrace(outer)

@@ -31,15 +31,23 @@ def test_uses_target():
         tasks.uses_target(None)
 
 
-def test_plot_frontier_draws_every_run():
+def test_plot_frontier_plots_each_runs_numbers():
     import matplotlib
     matplotlib.use("Agg")
-    point = {"kl": 1.0, "attribute_rate": 0.2}
     document = {"settings": {"eval_every": 5}, "runs": [
-        {"method": "dpo", "beta": 0.1, "points": [{**point, "kl": 0.0}, point],
+        {"method": "dpo", "beta": 0.1, "points": [{"kl": 0.0, "attribute_rate": 0.05}, {"kl": 2.5, "attribute_rate": 0.4}],
          "history": {"chosen_logp": [-3.0, -2.0], "rejected_logp": [-3.0, -4.0]}},
-        {"method": "sft", "beta": 0.3, "points": [point], "history": {"chosen_logp": [-3.0, -1.0]}}]}
-    fig = curves.plot_frontier(document)
-    left, right = fig.axes
-    assert len(right.get_lines()) == 3  # DPO's chosen and rejected, SFT's chosen
-    assert [line.get_label() for line in left.get_lines()][:2] == ["DPO β = 0.1", "SFT on the chosen"]
+        {"method": "sft", "beta": 0.3, "points": [{"kl": 1.5, "attribute_rate": 0.25}],
+         "history": {"chosen_logp": [-3.0, -1.0]}}]}
+    left, right = curves.plot_frontier(document).axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in left.get_lines()}
+    assert lines["DPO β = 0.1"] == ([0.0, 2.5], [5.0, 40.0])  # KL against the rate in percent
+    assert lines["SFT on the chosen"] == ([1.5], [25.0])
+    assert lines["the shipped model"][1] == [5.0, 5.0]  # the first run's first point
+    assert lines["target: 30%"][1] == [30, 30] and lines["KL of 5 nats"][0] == [5, 5]
+    # the log-probabilities, smoothed by an exponential moving average of weight 0.9 from the first value
+    logged = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in right.get_lines()}
+    assert logged.keys() == {"DPO β = 0.1: chosen", "DPO β = 0.1: rejected", "SFT on the chosen: chosen"}
+    for label, second in (("DPO β = 0.1: chosen", -2.9), ("DPO β = 0.1: rejected", -3.1), ("SFT on the chosen: chosen", -2.8)):
+        steps, values = logged[label]
+        assert list(steps) == [1, 2] and values == pytest.approx([-3.0, second]), label

@@ -193,7 +193,9 @@ def check_top_k_routing(top_k_routing):
                                  "weights, its indices are the experts")
     course.expect_equal(experts.tolist() if isinstance(experts, torch.Tensor) else experts, expected_experts.tolist(),
                         "experts of top_k_routing(logits, 2)",
-                        mistakes={"the two smallest, not the largest (topk(largest=False)?)": [[3, 1], [0, 2], [0, 1]]})
+                        mistakes={"the two smallest, not the largest (topk(largest=False)?)": [[3, 1], [0, 2], [0, 1]],
+                                  "the softmax ran over the tokens (dim 0), not over each token's experts (dim -1)":
+                                      torch.softmax(logits, dim=0).topk(2, dim=-1).indices.tolist()})
     top = probs.gather(-1, expected_experts)
     course.expect_close(weights, top / top.sum(-1, keepdim=True), "weights of top_k_routing(logits, 2)",
                         mistakes={"the probabilities are not renormalized over the chosen experts": top,
@@ -534,7 +536,10 @@ def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: 
 #   sorted);
 # - `counts`: `(n_experts,)`, how many assignments each expert keeps.
 #
-# No loop over tokens (a loop over the experts is allowed, but not needed).
+# The plan must be vectorised: no Python loop over the tokens or the assignments (a loop
+# over the experts is allowed, but not needed). The tests count the lines of Python your
+# function runs for a few tokens and for many, and that count must not grow with the
+# number of tokens.
 #
 # Difficulty ●●● · Importance ●●● · about 15 minutes
 #
@@ -571,6 +576,9 @@ def dispatch_plan(experts: torch.Tensor, n_experts: int,
 
 # %%
 #| test dispatch_plan_visible points=1
+from course_runtime.opcount import grows_with_size
+
+
 def _naive_plan(experts, n_experts, capacity):
     """Each expert's queue, walked in order: choices outer, tokens inner."""
     queues = [[] for _ in range(n_experts)]
@@ -582,6 +590,12 @@ def _naive_plan(experts, n_experts, capacity):
     rows = [t for q in queues for t, _ in q]
     slots = [j for q in queues for _, j in q]
     return rows, slots, [len(q) for q in queues]
+
+
+def _cycling_experts(tokens):
+    """(tokens, 2): token t's top-2 of 4 experts, t % 4 and (3t + 1) % 4 (never the same)."""
+    t = torch.arange(tokens)
+    return torch.stack([t % 4, (3 * t + 1) % 4], dim=1)
 
 
 @course.visible_check("dispatch_plan")
@@ -596,8 +610,14 @@ def check_dispatch_plan(dispatch_plan):
         for name, value in (("rows", rows), ("slots", slots), ("counts", counts)):
             if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
                 raise course.CheckFailed(f"{name} must be an int64 tensor, got {course.describe(value)}")
+        one_more = {}  # what keeping capacity + 1 gives: place <= capacity, where places count from 0
+        if capacity is not None:
+            one_more = dict(zip(("rows", "counts"), _naive_plan(experts, 3, capacity + 1)[::2]))
+        too_many = ("each expert kept capacity + 1 assignments: keep those whose place in the queue is < capacity, "
+                    "not <= (places count from 0)")
         course.expect_equal(counts.tolist(), exp_counts, f"counts, capacity={capacity}",
-                            mistakes={"capacity is ignored": [4, 3, 1]})
+                            mistakes={"capacity is ignored": [4, 3, 1],
+                                      **({too_many: one_more["counts"]} if one_more else {})})
         token_major = [t for e in range(3) for t in range(4) for j in range(2) if int(experts[t, j]) == e]
         course.expect_equal(rows.tolist(), exp_rows, f"rows, capacity={capacity}",
                             mistakes={"the queue is token-major (experts.reshape(-1)), not choice-major "
@@ -605,10 +625,16 @@ def check_dispatch_plan(dispatch_plan):
                                       "first choices": token_major,
                                       "rows are assignment indices, not tokens (take a % T)": [
                                           j * 4 + t for e in range(3) for j in range(2) for t in range(4)
-                                          if int(experts[t, j]) == e][: len(exp_rows)]},
+                                          if int(experts[t, j]) == e][: len(exp_rows)],
+                                      **({too_many: one_more["rows"]} if one_more else {})},
                             hint="with capacity 2, expert 0 keeps tokens 0 and 1 (first choices), not token 3's "
                                  "second choice" if capacity else None)
         course.expect_equal(slots.tolist(), exp_slots, f"slots, capacity={capacity}")
+    steps = grows_with_size(dispatch_plan, (_cycling_experts(32), 4, 8), (_cycling_experts(512), 4, 128), slack=32)
+    if steps:
+        raise course.CheckFailed(f"dispatch_plan ran {steps[0]} lines of Python for 32 tokens and {steps[1]} for 512: "
+                                 "it loops over the tokens in Python, and the plan must be vectorised "
+                                 "(torch.argsort, torch.bincount and cumsum loop in C)")
 
 
 check_dispatch_plan(dispatch_plan)
@@ -631,6 +657,11 @@ for tokens, n, k, capacity in [(40, 4, 2, None), (40, 4, 2, 12), (23, 8, 1, 2), 
     course.expect_equal(counts.tolist(), exp_counts, "dispatch_plan's counts")
     course.expect_equal(rows.tolist(), exp_rows, "dispatch_plan's rows")
     course.expect_equal(slots.tolist(), exp_slots, "dispatch_plan's slots")
+# vectorised: the lines of Python it runs do not grow with the number of tokens
+for few_slots, many_slots in ((None, None), (16, 256)):
+    small, large = (torch.randn(tokens, 6).topk(2, dim=-1).indices for tokens in (48, 768))
+    assert grows_with_size(dispatch_plan, (small, 6, few_slots), (large, 6, many_slots), slack=48) is None, \
+        "dispatch_plan runs more Python for more tokens: the plan must be vectorised, with no loop over tokens"
 # an expert that nobody chose keeps nothing, and the counts still have n_experts entries
 rows, slots, counts = dispatch_plan(torch.tensor([[2], [2], [0]]), 5, None)
 course.expect_equal(counts.tolist(), [1, 0, 2, 0, 0], "counts with unused experts")
@@ -660,7 +691,9 @@ print("rows", rows.tolist(), "slots", slots.tolist(), "counts", counts.tolist())
 # $$y_t = \sum_{i \,:\, \text{rows}_i = t} w_{t,\, \text{slots}_i}\; \text{outputs}_i ,$$
 #
 # a `(n_tokens, d)` tensor in `outputs`' dtype, zero for a token that kept no assignment.
-# `weights` is the router's `(tokens, k)`. No loop over tokens.
+# `weights` is the router's `(tokens, k)`, which may have another dtype (a float32 router
+# beside bfloat16 experts): the result keeps the experts' dtype, not the weights'. No loop
+# over tokens.
 #
 # Difficulty ●●○ · Importance ●●● · about 5 minutes
 #
@@ -707,6 +740,11 @@ def check_combine(combine):
                         hint="token 2 kept nothing: its row is zero")
     if got.dtype != torch.float64:
         raise course.CheckFailed(f"combine must return outputs' dtype (float64 here), got {got.dtype}")
+    mixed = combine(outputs.float(), rows, slots, weights, 4)
+    if isinstance(mixed, torch.Tensor) and mixed.dtype != torch.float32:
+        raise course.CheckFailed(f"combine of float32 outputs with float64 weights returned {mixed.dtype}: the result "
+                                 "is in outputs' dtype, not the weights' (cast the weights to outputs.dtype)")
+    course.expect_close(mixed, expected.float(), "combine of float32 outputs with float64 weights")
 
 
 check_combine(combine)
@@ -737,6 +775,17 @@ got = combine(outputs, torch.tensor([1, 0, 1, 0]), torch.tensor([1, 1, 0, 0]), w
 expected = torch.stack([weights[0, 1] * outputs[1] + weights[0, 0] * outputs[3],
                         weights[1, 1] * outputs[0] + weights[1, 0] * outputs[2], torch.zeros(3, dtype=torch.float64)])
 course.expect_close(got, expected, "combine: tokens 0 and 1 keep both choices, token 2 none", atol=1e-12)
+# the result is in outputs' dtype whatever the weights' (a float32 router beside bfloat16 experts)
+for out_dtype, weight_dtype in [(torch.float32, torch.float64), (torch.bfloat16, torch.float32),
+                                (torch.float64, torch.float32)]:
+    pairs = torch.randperm(20)[:14]
+    rows, slots = pairs % 10, pairs // 10
+    outputs, weights = torch.randn(14, 5).to(out_dtype), torch.rand(10, 2, dtype=weight_dtype)
+    got = combine(outputs, rows, slots, weights, 10)
+    assert isinstance(got, torch.Tensor) and got.dtype == out_dtype, "combine must return the outputs' dtype, not the weights'"
+    expected = torch.zeros(10, 5, dtype=torch.float64).index_add_(0, rows, outputs.double() * weights[rows, slots, None].double())
+    course.expect_close(got.double(), expected, "combine with weights of another dtype",
+                        atol=5e-2 if out_dtype == torch.bfloat16 else 1e-5)
 ### END HIDDEN TESTS
 
 # %%
@@ -969,21 +1018,50 @@ def routing_metrics(model: nn.Module) -> dict[str, float]:
     return metrics
 
 # %% [markdown]
+# `MoEFeedForward` calls your `top_k_routing`, `dispatch_plan`, `combine` and both losses
+# by their names. Keep going: the next cell compares the layer with the formula written out
+# token by token (and its `aux_loss` with the two losses written out), and binds `Layer` to
+# it when it agrees, else to the course's reference.
+
+# %%
+def _layer_check(cls):
+    with torch.random.fork_rng():  # the cells below draw the same numbers whatever this check draws
+        torch.manual_seed(3)
+        layer = cls(16, 24, n_experts=4, top_k=2, capacity_factor=1.0)  # training mode: 10 slots per expert
+        tokens = torch.randn(20, 16)
+    with torch.no_grad():
+        y = layer(tokens)
+        logits = tokens @ layer.router.weight.T
+        probs = torch.softmax(logits, dim=-1)
+        top, experts = probs.topk(2, dim=-1)
+        rows, slots, _ = _naive_plan(experts, 4, math.ceil(1.0 * 20 * 2 / 4))
+        expected = torch.zeros_like(tokens)
+        for t, j in zip(rows, slots):
+            expected[t] += top[t, j] / top[t].sum() * layer.experts[int(experts[t, j])](tokens[t])
+    course.expect_close(y, expected, "MoEFeedForward's output against the formula, token by token")
+    share = torch.bincount(experts.flatten(), minlength=4) / experts.numel()
+    balance, z = 4 * (share * probs.mean(0)).sum(), torch.logsumexp(logits, -1).square().mean()
+    course.expect_close(layer.aux_loss, 0.01 * balance + 1e-3 * z, "MoEFeedForward's aux_loss")
+
+
+Layer = course.keep_going("MoEFeedForward", MoEFeedForward, reference_moe.MoEFeedForward, check=_layer_check)
+
+# %% [markdown]
 # Two checks before any training. With one expert, top-1 and no capacity limit, the layer
 # *is* its expert: the router's one weight is renormalized to exactly 1, nothing is
 # dropped, and the output equals the dense SwiGLU's bit for bit. And with eight experts the
 # layer matches the formula computed one token at a time.
 
 # %%
-one = MoEFeedForward(128, 352, n_experts=1, top_k=1, capacity_factor=None)
+one = Layer(128, 352, n_experts=1, top_k=1, capacity_factor=None)
 dense_ffn = SwiGLU(128, 352)
 dense_ffn.load_state_dict(one.experts[0].state_dict())
 x = torch.randn(4, 16, 128)
 print("1 expert, top-1, no capacity limit == the dense SwiGLU, bit for bit:", torch.equal(one(x), dense_ffn(x)))
 
-layer = MoEFeedForward(128, 176, n_experts=8, top_k=2, capacity_factor=1.0)
+layer = Layer(128, 176, n_experts=8, top_k=2, capacity_factor=1.0)
 tokens = x.reshape(-1, 128)
-w, e = reference_moe.top_k_routing(tokens @ layer.router.weight.T, 2)
+w, e = routing(tokens @ layer.router.weight.T, 2)
 kept = reference_moe.capacity_mask(e, 8, reference_moe.expert_capacity(64, 8, 2, 1.0))
 naive = torch.zeros_like(tokens)
 for t in range(64):  # the formula, one token at a time
@@ -1190,9 +1268,9 @@ for name, title in pair:
 # | step | top-1 expert | top-2 | top-3 | entropy | dropped |
 # | ---: | ---: | ---: | ---: | ---: | ---: |
 # | 1,000 | 0.08 | 0.07 | 0.07 | 2.70 | 0.03 |
-# | 2,000 | 0.19 | 0.12 | 0.08 | 2.10 | 0.14 |
-# | 3,000 | 0.41 | 0.22 | 0.07 | 1.20 | 0.46 |
-# | 4,000 | 0.58 | 0.25 | 0.05 | 0.60 | 0.62 |
+# | 2,000 | 0.19 | 0.12 | 0.08 | 2.10 | 0.17 |
+# | 3,000 | 0.41 | 0.22 | 0.07 | 1.20 | 0.49 |
+# | 4,000 | 0.58 | 0.25 | 0.05 | 0.60 | 0.69 |
 #
 # Is this layer collapsing? Say what in the table shows it (compare with a balanced
 # layer's values), why the loss can still be going down, and name two changes you would
@@ -1208,9 +1286,10 @@ for name, title in pair:
 # close to that. By step 4,000 two experts take 83% of the tokens (the busiest 0.58, over 9
 # times its share), the third is below its share, so the other 13 share 12%; the entropy
 # has fallen to 0.6 nats, the router is nearly certain. The drop rate follows: at
-# capacity factor 1.25 an expert has slots for 1.25/16 = 7.8% of the tokens, so an expert
-# asked for 58% drops most of them, and 62% of the tokens skip the FFN entirely (they pass
-# along the residual). This is the rich-get-richer loop: the favoured expert trains on more
+# capacity factor 1.25 an expert has slots for 1.25/16 = 7.8% of the tokens, so the two
+# busiest alone drop at least (0.58 − 0.078) + (0.25 − 0.078) = 0.67 of the tokens; the
+# table's 0.69 is that and a little overflow elsewhere. With top-1, 69% of the tokens skip
+# the FFN entirely (they pass along the residual). This is the rich-get-richer loop: the favoured expert trains on more
 # tokens, gets better, and is chosen more. The loss still falls because the model still
 # learns (attention, the used experts, the residual path), but it is wasting most of its
 # expert parameters and most of its FFN compute, so it learns slower than it should.
@@ -1312,8 +1391,9 @@ for layer in (0, len(table["layers"]) - 1):
 
 # %% [markdown]
 # The experts specialize by *kind of token*. In the first layer the routing is almost a
-# function of the token itself: every token listed sends 100% of its occurrences to the
-# same expert. One expert takes the punctuation (`, : . ; ? !`); one the newline and
+# function of the token itself: of the 48 tokens listed, 46 send 100% of their occurrences
+# to the expert they are listed under (`␣so` sends 86%, and `␣her`, last in the list of
+# expert 1, only 2%). One expert takes the punctuation (`, : . ; ? !`); one the newline and
 # the capitals that begin lines and speakers' names; one word endings (`s`, `ed`,
 # `ing`); one short function words (`to`, `of`, `is`, `in`, `for`); one pronouns and objects
 # (`me`, `it`, `thee`, `him`); one the uppercase pieces of the speakers' names (`IO`,
@@ -1404,18 +1484,29 @@ for n_experts, top_k, label in ((8, 2, "our MoE / Mixtral: 8 experts, top-2"), (
 # is part of why it is served with expert parallelism over many devices.
 #
 # And the wall clock on a CPU, at our size. `python bench/moe.py` times training steps
-# (one thread, batch 8 × 128, 7 interleaved rounds) of the three models side by side. In
-# two runs on a busy 2-core machine, the MoE with sorted dispatch reached 0.77 and 0.76 of
-# the dense model's tokens per second, and the masked per-expert loop 0.74 both times. The
-# dense model timed against a copy of itself gave 0.90 and 0.92, with rounds from 0.68 to
-# 1.16: the measurement's noise floor. So the mixture is about a quarter slower per token,
-# and the two dispatches do not differ measurably at 8 experts. (The training runs of the
-# cache agree: 847–976 tokens/s for the MoE runs against 1,231–1,368 for dense, on the
-# loaded machine, as `data/moe_runs.json` records.) A mixture of equal active size does the same arithmetic and more of
-# everything else: routing, sorting, a
-# gather and a scatter of every token, eight small matrix products where the dense model
-# has one large one (small products use a CPU's arithmetic less well), and 2.5 times the
-# weights and optimizer state to stream through memory at every step.
+# (one thread, batch 8 × 128, 7 interleaved rounds of 3 steps) of the three models side by
+# side. Two runs of it on 2026-12-03, on a 2-core machine busy with other work, gave the
+# MoE with sorted dispatch 0.71 and 0.90 of the dense model's tokens per second (the
+# median over the rounds), the masked per-expert loop 0.65 and 1.00, and the dense model
+# timed against a copy of itself, the noise floor, 0.94 and 1.07, with single rounds from
+# 0.46 to 2.11. On that machine the noise was larger than the difference. The training
+# runs of the cache, 800 steps each, average over far longer:
+
+# %%
+speed = {kind: [runs[f"{kind}-s{s}"]["tokens_per_second"] for s in seeds] for kind in ("dense", "moe")}
+for kind, values in speed.items():
+    print(f"{kind:>5}: {', '.join(f'{v:,d}' for v in values)} tokens/s over its 800 training steps (seeds {seeds})")
+print(f"MoE / dense, mean tokens per second: {sum(speed['moe']) / sum(speed['dense']):.2f}")
+
+# %% [markdown]
+# Over 800 steps each, the mixture trained at about two thirds of the dense model's speed
+# per token (the runs shared the machine with one another, so the absolute rates are
+# low). A mixture of equal active size does the same arithmetic and more of everything
+# else: routing, sorting, a gather and a scatter of every token, eight small matrix
+# products where the dense model has one large one (small products use a CPU's arithmetic
+# less well), and 2.5 times the weights and optimizer state to stream through memory at
+# every step. Whether the sorted dispatch beats the masked loop at 8 experts the two
+# bench runs above cannot tell.
 #
 # **Verdict:** "keeping inference costs low" holds for FLOPs per token. It does not hold
 # for memory (the total), nor for the bandwidth of batched decoding, and at small sizes

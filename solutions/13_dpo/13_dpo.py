@@ -423,6 +423,12 @@ def check_dpo_loss(dpo_loss):
     course.expect_close(got, expected, "dpo_loss of three hand-computed pairs, beta = 0.5", mistakes={
         "chosen and rejected swapped: the loss must fall as the chosen response gains": loss_of(-0.5 * margin),
         "beta left out: z = beta * margin": loss_of(margin),
+        "beta outside the log-sigmoid: -beta * logsigmoid(margin), where the loss is -logsigmoid(beta * margin)":
+            0.5 * loss_of(margin),
+        "beta multiplies the policy's log-probabilities only (beta * pc - rc): it scales the whole margin, "
+        "reference included": loss_of((0.5 * pc - rc) - (0.5 * pr - rr)),
+        "beta multiplies the chosen log-ratio only: it scales the whole margin, both log-ratios":
+            loss_of(0.5 * (pc - rc) - (pr - rr)),
         "divided by beta instead of multiplied": loss_of(margin / 0.5),
         "the reference left out: the margin is of log-ratios, policy minus reference": loss_of(0.5 * (pc - pr)),
         "the sum over the pairs, not the mean": loss_of(0.5 * margin) * 3,
@@ -905,7 +911,10 @@ print(f"implicit rewards of the {len(pairs)} training pairs: chosen {chosen_rewa
 # $n$ responses *sampled from the policy*, under the policy and under the reference (two
 # 1-D tensors of $n \ge 2$ entries), return a tuple of two Python floats, the mean
 # log-ratio and its standard error $s / \sqrt{n}$, where $s$ is the sample standard
-# deviation (dividing by $n - 1$) of the log-ratios. Compute in float64. Raise a
+# deviation (dividing by $n - 1$) of the log-ratios. Compute in float64, casting both
+# tensors before you subtract: summed log-probabilities of long responses reach thousands
+# of nats, where float32's steps are thousandths of a nat, as coarse as the spread of the
+# log-ratios it would then measure. Raise a
 # `ValueError` naming `policy_logps` when it is not a 1-D tensor of at least 2 entries,
 # and one naming `ref_logps` when its shape differs.
 #
@@ -961,6 +970,13 @@ def check_kl_estimate(kl_estimate):
             torch.tensor(math.sqrt(sum((r - 2.5) ** 2 for r in ratios) / 4) / 2),
         "s / n instead of s / sqrt(n)": torch.tensor(s / 4),
     }, hint="(policy_logps - ref_logps).std() / math.sqrt(n)")
+    near, far = torch.tensor([-1.001, -0.998, -1.003, -0.999]), torch.full((4,), -30000.0)  # float32, 30,000 nats apart
+    course.expect_close(torch.tensor(kl_estimate(near, far)[1], dtype=torch.float64),
+                        (near.double() - far.double()).std() / 2,
+                        "kl_estimate's standard error for float32 log-probabilities 30,000 nats apart", mistakes={
+        "the log-ratios were computed in float32, whose steps near 30,000 are 0.002 nats: cast both to float64 "
+        "before subtracting": torch.tensor(((near - far).std() / 2).item(), dtype=torch.float64),
+    }, atol=1e-9, rtol=1e-6)
     course.expect_raises(ValueError, kl_estimate, policy[:1], ref[:1], match="policy_logps",
                          what="kl_estimate of one sample (no standard error)")
     course.expect_raises(ValueError, kl_estimate, policy, ref[:3], match="ref_logps",
@@ -990,6 +1006,12 @@ policy = torch.full((4,), -20000.0, dtype=torch.float64) + torch.tensor([0.001, 
 ref = torch.full((4,), -20000.0, dtype=torch.float64)
 course.expect_close(torch.tensor(kl_estimate(policy, ref)[0]), torch.tensor(0.0005, dtype=torch.float64),
                     "kl_estimate of float64 inputs keeps their precision", atol=1e-9)
+# float32 log-probabilities far apart: computed in float64, their log-ratios are exact; in float32, rounded
+near, far = -1 + 1e-3 * torch.randn(64), torch.full((64,), -30000.0) - 1e-3 * torch.rand(64)
+ratios = near.double() - far.double()
+course.expect_close(torch.tensor(kl_estimate(near, far), dtype=torch.float64),
+                    torch.stack([ratios.mean(), ratios.std() / 8]), "kl_estimate computes in float64",
+                    atol=1e-9, rtol=1e-6)
 course.expect_close(torch.tensor(kl_estimate(ref, ref)), torch.zeros(2, dtype=torch.float64),
                     "kl_estimate of the reference against itself: 0 with no error")
 for bad, what, args in [("policy_logps", "kl_estimate with a bad policy_logps", (torch.zeros(1), torch.zeros(1))),
