@@ -27,6 +27,7 @@ import nbformat
 
 from .chapters import Chapter
 from .kernel import StudentKernel
+from .wall import Deadline
 from .plan import KernelPlan, RunPlan
 from .processes import claim, start_time
 from .sandbox import Limits, Sandbox, die_with_parent
@@ -34,6 +35,10 @@ from .sandbox import Limits, Sandbox, die_with_parent
 # Variables of the grader's own environment that the judge keeps (the judge runs trusted
 # code, but it has no need of anything else either).
 JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MINILLM_DATA", "TRITON_INTERPRET", "VIRTUAL_ENV")
+
+
+# The flags of a verdict-only kernel that the submission's results show: they end the whole run.
+SUBMISSION_FLAGS = ("submission-timeout", "message-over-limit")
 
 
 @dataclass
@@ -50,6 +55,8 @@ class Execution:
     seed: int = 0
     judge_error: str = ""
     judge_flags: list[dict] = field(default_factory=list)  # the flags the judge raised (also in ``flags``)
+    failure: str = ""                    # why the whole submission fails (a message over the size limit)
+    timed_out: str = ""                  # why checks were not reached: the submission's deadline passed
 
 
 def judge_memory(limits: Limits) -> int:
@@ -118,27 +125,51 @@ async def execute(planned: RunPlan, limits: Limits, *, jobs: int = 1, seed: int 
     flags, and their times.
 
     ``scratch``: the folder for the sandboxes and the judges' files (default: the system's).
+    One deadline, ``limits.notebook_timeout`` from now, bounds all the kernels together: a
+    kernel of the plan that it leaves no time for is not started.
     """
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
     chapter = planned.chapter
+    deadline = Deadline(limits.notebook_timeout)
     merged = None
     for number, kernel in enumerate(planned.kernels, 1):
-        part = await _execute_once(chapter, kernel, limits, jobs=jobs, seed=seed, scratch=scratch)
+        if merged is not None and deadline.expired:
+            merged.timed_out = merged.timed_out or deadline.reason()
+            break
+        part = await _execute_once(chapter, kernel, limits, deadline, jobs=jobs, seed=seed, scratch=scratch)
         counted = {i: v for i, v in part.verdicts.items() if kernel.counts_verdict_of(chapter.cells[i].exercise)}
         if merged is None:
             merged, part.verdicts = part, counted
             continue
         merged.verdicts.update(counted)
-        merged.flags += part.judge_flags
+        merged.flags += part.judge_flags + [f for f in part.flags if f["kind"] in SUBMISSION_FLAGS]
         merged.judge_flags += part.judge_flags
         merged.seconds.update({f"{key} {number}": value for key, value in part.seconds.items()})
         merged.judge_error = "; ".join(e for e in (merged.judge_error, part.judge_error) if e)
+        merged.failure = merged.failure or part.failure
+        merged.timed_out = merged.timed_out or part.timed_out
     return merged
 
 
-async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limits, *, jobs: int, seed: int,
-                        scratch: Path | None) -> Execution:
-    """One learner kernel and its judge, as ``kernel_plan`` says."""
+@dataclass
+class _Talk:
+    """What one kernel's run has gathered so far: kept when the deadline cuts it short."""
+
+    flags: list[dict]
+    seconds: dict = field(default_factory=dict)
+    verdicts: list[dict] = field(default_factory=list)
+    described: dict = field(default_factory=dict)
+    judge_error: str = ""
+    judge_flags: list[dict] = field(default_factory=list)
+    judge: tuple[int, str] | None = None
+    fallback: asyncio.subprocess.Process | None = None
+
+
+async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limits, deadline: Deadline, *,
+                        jobs: int, seed: int, scratch: Path | None) -> Execution:
+    """One learner kernel and its judge, as ``kernel_plan`` says, until ``deadline``: then
+    the kernel, its sandbox and the judge are killed (from a thread of their own, whatever
+    the event loop is doing) and the verdicts the judge reached are kept."""
     started = time.monotonic()
     notebook = kernel_plan.notebook
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
@@ -177,66 +208,81 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
     listener = await asyncio.start_unix_server(on_connect, path=str(channel))
     os.chmod(channel, 0o600)
     judge_start = asyncio.create_task(_start_judge(private, channel, env, judge_env))
-    judge = None
-    fallback = None
     kernel = StudentKernel(sandbox, limits, notebook)
-    flags = list(sandbox.flags)
-    seconds = {}
-    judge_error = ""
-    judge_flags: list[dict] = []
-    verdicts: list[dict] = []
-    described: dict = {}
+    talk = _Talk(flags=list(sandbox.flags))
+    timed_out = ""
+
+    def expire() -> None:
+        kernel.kill()
+        _kill_judge(talk.judge)
+
+    watchdog = deadline.watch(expire)
     try:
-        try:
-            await kernel.start()
-        except Exception as error:  # noqa: BLE001
-            log = (sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
-        seconds["start"] = time.monotonic() - started
-        await kernel.run()
-        seconds["notebook"] = kernel.seconds
-        flags += kernel.flags
-        judge_started = time.monotonic()
-        try:
-            judge, fallback = await judge_start
-            reader, writer = await asyncio.wait_for(connected, 120)
-            ready = await asyncio.wait_for(reader.readline(), 120)
-            if ready.strip() != b"ready":
-                raise RuntimeError("the judge did not start")
-            connection = {k: (v.decode() if isinstance(v, bytes) else v)
-                          for k, v in kernel.km.get_connection_info().items()}
-            status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
-            writer.write(b"go " + json.dumps(status).encode() + b"\n")
-            await writer.drain()
-            # Each cell has a budget of its own in the judge; this only stops a judge that hangs.
-            budget = (len(plan["cells"]) + 1) * limits.check_budget + 2 * limits.call_timeout + 60
-            await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
-            outcome = json.loads((private / "verdicts.json").read_text())
-            verdicts, described = outcome["cells"], outcome["described"]
-            flags += outcome["events"]
-            judge_flags = outcome["events"]
-            faults = [v["judge_fault"] for v in verdicts if v.get("judge_fault")]
-            if faults:
-                judge_error = "; ".join(faults)
-        except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
-            log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
-            judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
-            verdicts = partial_verdicts(private / "verdicts.jsonl")
-        seconds["judge"] = time.monotonic() - judge_started
+        await asyncio.wait_for(_talk(kernel, talk, plan, limits, deadline, judge_start, connected, private, started),
+                               deadline.left())
+    except asyncio.TimeoutError:
+        timed_out = deadline.reason()
+        talk.flags.append({"kind": "submission-timeout", "detail": timed_out})
+        kernel.reason = kernel.reason or timed_out
+        talk.verdicts = partial_verdicts(private / "verdicts.jsonl")
     finally:
-        if judge is None:
+        watchdog.cancel()
+        if talk.judge is None:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
-                judge, fallback = await judge_start
-        _kill_judge(judge)
-        if fallback is not None:
-            await fallback.wait()
+                talk.judge, talk.fallback = await judge_start
+        _kill_judge(talk.judge)
+        if talk.fallback is not None:
+            await talk.fallback.wait()
         listener.close()
         await kernel.stop()
         sandbox.remove()
         shutil.rmtree(private, ignore_errors=True)
-    seconds["total"] = time.monotonic() - started
-    return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
-                     kernel.reason, seconds, seed, judge_error, judge_flags)
+    talk.seconds["total"] = time.monotonic() - started
+    failure = kernel.failure or next((e["detail"] for e in talk.judge_flags if e["kind"] == "message-over-limit"), "")
+    return Execution(notebook, {v["index"]: v for v in talk.verdicts}, kernel.cells, talk.described, talk.flags,
+                     kernel.reason, talk.seconds, seed, talk.judge_error, talk.judge_flags, failure, timed_out)
+
+
+async def _talk(kernel: StudentKernel, talk: _Talk, plan: dict, limits: Limits, deadline: Deadline, judge_start,
+                connected, private: Path, started: float) -> None:
+    """Start the learner's kernel, run its notebook, then hand it to the judge and gather
+    the judge's verdicts into ``talk``."""
+    try:
+        await kernel.start()
+    except Exception as error:  # noqa: BLE001
+        log = (kernel.sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
+    talk.seconds["start"] = time.monotonic() - started
+    await kernel.run(deadline)
+    talk.seconds["notebook"] = kernel.seconds
+    talk.flags += kernel.flags
+    judge_started = time.monotonic()
+    try:
+        talk.judge, talk.fallback = await judge_start
+        reader, writer = await asyncio.wait_for(connected, 120)
+        ready = await asyncio.wait_for(reader.readline(), 120)
+        if ready.strip() != b"ready":
+            raise RuntimeError("the judge did not start")
+        connection = {k: (v.decode() if isinstance(v, bytes) else v)
+                      for k, v in kernel.km.get_connection_info().items()}
+        status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
+        writer.write(b"go " + json.dumps(status).encode() + b"\n")
+        await writer.drain()
+        # Each cell has a budget of its own in the judge; this only stops a judge that hangs.
+        budget = (len(plan["cells"]) + 1) * limits.check_budget + 2 * limits.call_timeout + 60
+        await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
+        outcome = json.loads((private / "verdicts.json").read_text())
+        talk.verdicts, talk.described = outcome["cells"], outcome["described"]
+        talk.flags += outcome["events"]
+        talk.judge_flags = outcome["events"]
+        faults = [v["judge_fault"] for v in talk.verdicts if v.get("judge_fault")]
+        if faults:
+            talk.judge_error = "; ".join(faults)
+    except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
+        log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
+        talk.judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
+        talk.verdicts = partial_verdicts(private / "verdicts.jsonl")
+    talk.seconds["judge"] = time.monotonic() - judge_started
 
 
 async def _start_judge(private: Path, channel: Path, env: dict, judge_env: dict):
