@@ -4,7 +4,8 @@ checks in a judge beside each.
 For each kernel of the plan (:mod:`autograder.plan`) the judge process starts first and
 imports what the checks need while the learner's kernel starts and runs its notebook; then
 the judge runs the planned cells of the master with the learner's answers as proxies. Both
-processes are gone when :func:`execute` returns.
+processes are gone when :func:`execute` returns. One deadline (:mod:`autograder.wall`)
+bounds all the kernels of a submission together.
 """
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +23,12 @@ from pathlib import Path
 import nbformat
 
 from .chapters import Chapter
+from .judges import JUDGE_ENV, judge_memory, kill_judge, partial_verdicts, start_judge
 from .kernel import StudentKernel
-from .wall import Deadline
 from .plan import KernelPlan, RunPlan
-from .processes import claim, start_time
-from .sandbox import Limits, Sandbox, die_with_parent
-
-# Variables of the grader's own environment that the judge keeps (the judge runs trusted
-# code, but it has no need of anything else either).
-JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MINILLM_DATA", "TRITON_INTERPRET", "VIRTUAL_ENV")
-
+from .processes import claim
+from .sandbox import Limits, Sandbox
+from .wall import Deadline
 
 # The flags of a verdict-only kernel that the submission's results show: they end the whole run.
 SUBMISSION_FLAGS = ("submission-timeout", "message-over-limit")
@@ -57,64 +50,6 @@ class Execution:
     judge_flags: list[dict] = field(default_factory=list)  # the flags the judge raised (also in ``flags``)
     failure: str = ""                    # why the whole submission fails (a message over the size limit)
     timed_out: str = ""                  # why checks were not reached: the submission's deadline passed
-
-
-def judge_memory(limits: Limits) -> int:
-    """Address space the judge may map beyond what it has when it starts: room for the
-    checks and for the data of the learner's replies, never unbounded."""
-    from .remote import MAX_REPLY
-
-    return max(limits.memory, 2**31) + 2 * MAX_REPLY
-
-
-class Zygote:
-    """A pre-warmed judge parent (``python -m autograder.judge --zygote``), one per process.
-
-    Importing torch and IPython costs seconds of CPU; the zygote pays it once and forks a
-    fresh judge for each submission.
-    """
-
-    _running: dict[tuple, "Zygote"] = {}
-
-    def __init__(self, env: dict):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.judge", "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(), preexec_fn=die_with_parent, text=True)
-        self.ready = False
-        self.lock = threading.Lock()  # one request and its answer at a time on the pipes
-
-    @classmethod
-    def get(cls, env: dict) -> "Zygote":
-        key = tuple(sorted((k, v) for k, v in env.items() if k != "IPYTHONDIR"))
-        zygote = cls._running.get(key)
-        if zygote is None or zygote.process.poll() is not None:
-            zygote = cls._running[key] = cls(env)
-        return zygote
-
-    def spawn(self, plan: Path, channel: Path, log: Path, env: dict) -> int:
-        """Fork a judge; the first call waits until the zygote has imported what it needs.
-        It blocks: the run stage calls it in a thread, while the learner's kernel starts."""
-        request = {"plan": str(plan), "channel": str(channel), "log": str(log), "env": env}
-        with self.lock:
-            if not self.ready:
-                if self.process.stdout.readline().strip() != "zygote":
-                    raise RuntimeError("the judges' zygote did not start")
-                self.ready = True
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            return int(self.process.stdout.readline())
-
-
-def _kill_judge(judge: tuple[int, str] | None) -> None:
-    """Kill the judge (a pid and its start time, so that a reused pid is never hit)."""
-    if not judge or not judge[0]:
-        return
-    pid, started = judge
-    if start_time(pid) == started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 async def execute(planned: RunPlan, limits: Limits, *, jobs: int = 1, seed: int | None = None,
@@ -207,14 +142,14 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
     channel = private / "judge.sock"
     listener = await asyncio.start_unix_server(on_connect, path=str(channel))
     os.chmod(channel, 0o600)
-    judge_start = asyncio.create_task(_start_judge(private, channel, env, judge_env))
+    judge_start = asyncio.create_task(start_judge(private, channel, env, judge_env))
     kernel = StudentKernel(sandbox, limits, notebook)
     talk = _Talk(flags=list(sandbox.flags))
     timed_out = ""
 
     def expire() -> None:
         kernel.kill()
-        _kill_judge(talk.judge)
+        kill_judge(talk.judge)
 
     watchdog = deadline.watch(expire)
     try:
@@ -230,7 +165,7 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
         if talk.judge is None:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
                 talk.judge, talk.fallback = await judge_start
-        _kill_judge(talk.judge)
+        kill_judge(talk.judge)
         if talk.fallback is not None:
             await talk.fallback.wait()
         listener.close()
@@ -283,39 +218,6 @@ async def _talk(kernel: StudentKernel, talk: _Talk, plan: dict, limits: Limits, 
         talk.judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
         talk.verdicts = partial_verdicts(private / "verdicts.jsonl")
     talk.seconds["judge"] = time.monotonic() - judge_started
-
-
-async def _start_judge(private: Path, channel: Path, env: dict, judge_env: dict):
-    """The judge of one kernel, forked by the zygote (or started afresh where that fails):
-    ``(pid, start time)`` and the fallback process, if one was started."""
-    try:
-        pid = await asyncio.to_thread(Zygote.get(env).spawn, private / "plan.json", channel,
-                                      private / "judge.log", judge_env)
-        return (pid, start_time(pid)), None
-    except (OSError, ValueError, RuntimeError):
-        fallback = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
-            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
-            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
-        return (fallback.pid, start_time(fallback.pid)), fallback
-
-
-def partial_verdicts(path: Path) -> list[dict]:
-    """The verdicts a judge wrote, cell by cell, before it died or hung (a last line cut
-    short is dropped)."""
-    found = []
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        try:
-            verdict = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(verdict, dict) and isinstance(verdict.get("index"), int):
-            found.append(verdict)
-    return found
 
 
 def execute_sync(*args, **kwargs) -> Execution:
