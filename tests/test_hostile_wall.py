@@ -105,10 +105,12 @@ def test_an_honest_submission_in_the_same_batch_earns_full_marks(graded):
     assert outcome["score"] == outcome["max_score"] == 6, _lost(outcome)
 
 
-def test_a_flood_that_ignores_the_interrupt_is_stopped_at_the_deadline_with_a_reason(graded):
+def test_a_flood_that_ignores_the_interrupt_is_stopped_with_a_reason(graded):
+    """Stopped at the deadline, or earlier when the kernel's own queue of unsent messages
+    runs it out of memory: either way every check it costs says why it was not run."""
     lost = _lost(graded["flooded_iopub"])
     assert {"scale_visible", "scale_hidden"} <= set(lost), lost
-    assert all("time limit" in why for why in lost.values()), lost
+    assert all(why.startswith("not run: ") for why in lost.values()), lost
 
 
 def test_a_thread_printing_after_its_cell_costs_no_point_of_right_answers(graded):
