@@ -11,7 +11,8 @@ gradebook. ``python -m autograder check`` is the learner's own report. See
 The pipeline of one submission, a module per stage: ``collect`` (which files of a batch
 are submissions, and whose), ``reconstruct`` (the notebook rebuilt from the master),
 ``plan`` (which kernels run and what each checks), ``run`` (the learner's cells in a
-sandboxed ``kernel``, the checks in the ``judge``), ``score`` and ``report``, driven by
+sandboxed ``kernel`` through a ``capped`` client, the checks in a ``judge`` that ``judges``
+starts, all within one deadline of ``wall``), ``score`` and ``report``, driven by
 ``grade`` (batches), ``gradebook`` and ``final``. Beside it: ``chapters`` and ``course``
 (the master and the course, read), ``analysis`` (a cell's names), ``references`` (an answer's
 use of the reference) and ``bounded`` (untrusted

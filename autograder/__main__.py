@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     grade.add_argument("--no-gradebook", action="store_true", help="do not write an nbgrader gradebook")
     grade.add_argument("--cell-timeout", type=_positive_float, default=60.0, help="seconds per cell (default 60)")
     grade.add_argument("--notebook-timeout", type=_positive_float, default=300.0,
-                       help="seconds per notebook (default 300)")
+                       help="seconds for the whole grading of a submission (default 300)")
     grade.add_argument("--memory-gib", type=_positive_float, default=3.0,
                        help="memory the learner's code may use, in GiB (default 3)")
     grade.add_argument("--seed", type=int, help="seed of the checks' random inputs (default: fresh each time)")

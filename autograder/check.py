@@ -20,7 +20,7 @@ CACHE = ".progress-cache"  # in the work folder: check all's last result per cha
 
 SHOWN_FLAGS = ("missing-answer", "extra-cells-ignored", "reference-use", "reference-nearby", "cell-timeout",
                "kernel-died", "kernel-stuck", "notebook-timeout", "output-truncated", "call-timeout",
-               "answer-too-large", "not-analyzable", "too-many-cells")
+               "answer-too-large", "not-analyzable", "too-many-cells", "submission-timeout", "message-over-limit")
 
 
 def resolve_target(target: str, work: Path | None = None) -> Path:

@@ -3,18 +3,19 @@
 - The kernel talks over Unix sockets in the sandbox folder (``ipc`` transport), so it
   needs no network at all, and is interrupted by a message (it may be PID 1 of its own
   namespace, where signals from outside are not the way in).
-- Each cell has a wall-clock limit, and so has the notebook. A cell that runs over is
-  interrupted; a kernel that ignores the interrupt is killed and the rest of the notebook
-  is not run. A kernel that dies (``os._exit``, a crash) ends the run at once.
-- Output is counted while it streams in: past ``Limits.output`` bytes it is dropped (a note
-  says so); a message larger than :data:`MAX_MESSAGE` is refused by the socket itself (the
-  manager's and the client's sockets come from one context with ``MAXMSGSIZE`` set: zmq
-  drops the connection rather than hold it); a flood of output interrupts the cell.
+- Each cell has a wall-clock limit, and the whole submission has one deadline
+  (:class:`autograder.wall.Deadline`). A cell that runs over is interrupted; a kernel that
+  ignores the interrupt is killed and the rest of the notebook is not run. A kernel that
+  dies (``os._exit``, a crash) ends the run at once.
+- Every message is counted before it is decoded (:func:`autograder.wall.receive`): one over
+  :data:`autograder.wall.MAX_MESSAGE`, or one frame that zmq refuses unread, fails the
+  submission and the kernel is killed at once. Output is counted while it streams in
+  (:mod:`autograder.capped`): past the limits of a cell or the notebook it is dropped (a
+  note says so); a flood of output interrupts the cell.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -23,28 +24,26 @@ import time
 import zmq
 import zmq.asyncio
 from jupyter_client import AsyncKernelManager
-from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from traitlets import Type
 
+from . import wall
+from .capped import CappedClient, CappedKernelClient
 from .cpu import load_note
 from .sandbox import Limits, Sandbox, die_with_parent
-
-# One message from the learner's kernel is refused past this (or a few times the output
-# limit): zmq drops the connection, and the rest of that notebook's output is lost.
-MAX_MESSAGE = 48 * 2**20
-
 
 class SandboxKernelManager(AsyncKernelManager):
     """Starts the kernel through the sandbox's launcher."""
 
     sandbox: Sandbox | None = None
+    client_factory = Type(CappedKernelClient)
 
     def format_kernel_cmd(self, extra_arguments=None):
         command = super().format_kernel_cmd(extra_arguments)
         return self.sandbox.command(command, connection_file=self.connection_file)
 
     def client(self, **kwargs):
-        # The client's sockets are made by this manager's context, which refuses large messages.
+        # The client's sockets are made by this manager's context, which refuses large frames.
         kwargs.setdefault("context", self.context)
         return super().client(**kwargs)
 
@@ -56,57 +55,12 @@ class SandboxKernelManager(AsyncKernelManager):
         return spec
 
 
-def _size(msg: dict) -> int:
-    content = msg.get("content", {})
-    try:
-        return len(json.dumps(content, default=str))
-    except (TypeError, ValueError):
-        return 0
-
-
-class CappedClient(NotebookClient):
-    """nbclient, keeping at most ``limit`` bytes of output across the whole notebook."""
-
-    def __init__(self, *args, limit: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.limit = limit
-        self.kept = 0
-        self.received = 0
-        self.truncated_cells: set[int] = set()
-        self.flooded = False
-
-    def output(self, outs, msg, display_id, cell_index):
-        size = _size(msg)
-        self.received += size
-        if msg["msg_type"] == "error":
-            content = msg["content"]
-            content["traceback"] = [line[:2000] for line in content.get("traceback", [])[-20:]]
-            content["evalue"] = str(content.get("evalue", ""))[:4000]
-            size = min(size, 8000)
-        if self.kept + size > self.limit and msg["msg_type"] != "error":
-            if cell_index not in self.truncated_cells:
-                self.truncated_cells.add(cell_index)
-                note = {"output_type": "stream", "name": "stderr",
-                        "text": f"[output cut: the grader keeps at most {self.limit:,} bytes of a notebook's output]\n"}
-                from nbformat import from_dict
-                outs.append(from_dict(note))
-            if self.received > 16 * self.limit and not self.flooded:
-                self.flooded = True
-                asyncio.ensure_future(self.km.interrupt_kernel())
-            return None
-        self.kept += size
-        return super().output(outs, msg, display_id, cell_index)
-
-
 class StudentKernel:
     """One learner's kernel, from start to kill."""
 
     def __init__(self, sandbox: Sandbox, limits: Limits, notebook):
         self.sandbox, self.limits, self.notebook = sandbox, limits, notebook
-        context = zmq.asyncio.Context()
-        context.setsockopt(zmq.MAXMSGSIZE, max(4 * limits.output + 2**20, MAX_MESSAGE))
-        context.setsockopt(zmq.LINGER, 0)
-        self.km = SandboxKernelManager(context=context, transport="ipc", kernel_name="python3")
+        self.km = SandboxKernelManager(context=wall.cap(zmq.asyncio.Context()), transport="ipc", kernel_name="python3")
         self.km.sandbox = sandbox
         self.km.connection_file = str(sandbox.kernel_dir / "kernel.json")
         self.km.ip = str(sandbox.kernel_dir / "k")
@@ -118,9 +72,11 @@ class StudentKernel:
         )
         self.alive = False
         self.reason = ""
+        self.failure = ""  # why the whole submission fails: a message over the limit
         self.flags: list[dict] = []
         self.cells: dict[int, dict] = {}
         self.seconds = 0.0
+        self._watching: asyncio.Task | None = None
 
     async def start(self) -> None:
         log = open(self.sandbox.base / "launch.log", "wb")
@@ -134,6 +90,41 @@ class StudentKernel:
         self.sandbox.pid = getattr(process, "pid", None)
         self.sandbox.hold_pid_namespace()
         self.alive = True
+        for channel in self.client.kc.channels():
+            channel.refused = self.refuse
+        self._watching = asyncio.ensure_future(self._watch_drops())
+
+    async def _watch_drops(self) -> None:
+        """Refuse the submission when zmq drops a connection to a kernel still alive: it
+        refused a frame over the limit unread."""
+        monitors = [wall.monitor(channel.socket) for channel in self.client.kc.channels()]
+        try:
+            while not any([wall.dropped(monitor) for monitor in monitors]):
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)  # a kernel that dies drops its connections too
+            if await self.km.is_alive():
+                self.refuse(None)
+        finally:
+            for monitor in monitors:
+                monitor.close(linger=0)
+
+    def refuse(self, size: int | None) -> None:
+        """The kernel sent a message over the limit: the submission fails, the kernel is killed."""
+        if not self.failure:
+            self.failure = wall.over_limit(size)
+            self.flags.append({"kind": "message-over-limit", "detail": self.failure})
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the kernel and everything it started, now (safe from any thread)."""
+        self.alive = False
+        pgid = getattr(getattr(self.km, "provisioner", None), "pgid", None)
+        try:
+            if pgid:
+                os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.sandbox.kill_all()
 
     async def _responsive(self, grace: float) -> bool:
         """After an interrupt: does the kernel answer a trivial request within ``grace`` s?"""
@@ -151,22 +142,25 @@ class StudentKernel:
                 return True
         return False
 
-    async def run(self) -> None:
-        """Run every code cell of the notebook within the limits."""
+    async def run(self, deadline: wall.Deadline) -> None:
+        """Run every code cell of the notebook within the limits and before ``deadline``."""
         try:
-            await self._run()
+            await self._run(deadline)
         finally:
             if self.client.truncated_cells:
                 self.flags.append({"kind": "output-truncated", "detail": f"output past {self.limits.output:,} bytes "
                                    f"was dropped (cells {sorted(self.client.truncated_cells)})"})
 
-    async def _run(self) -> None:
-        deadline = time.monotonic() + self.limits.notebook_timeout
+    async def _run(self, deadline: wall.Deadline) -> None:
         count = 0
         for index, cell in enumerate(self.notebook.cells):
             if cell.cell_type != "code" or not cell.source.strip():
                 continue
-            left = deadline - time.monotonic()
+            if self.failure:
+                self.reason = self.failure
+                self._skip_rest(index, "not run: " + self.failure)
+                return
+            left = deadline.left()
             if left <= 0:
                 self.flags.append({"kind": "notebook-timeout", "detail": f"your notebook ran longer than "
                                    f"{self.limits.notebook_timeout:g} s; the cells after cell {index} were not run"})
@@ -185,6 +179,8 @@ class StudentKernel:
                                      "error": f"{errors[0].get('ename')}: {errors[0].get('evalue', '')}"[:500] if errors else ""}
             except CellTimeoutError:
                 self.cells[index] = {"status": "timeout"}
+                if self.failure:
+                    continue  # the kernel was killed for it: the next turn says why
                 grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
                 note, loaded = load_note(before, self.sandbox.cpu_sample())
                 self.flags.append({"kind": "cell-timeout", "cell": grade_id,
@@ -204,9 +200,10 @@ class StudentKernel:
             except DeadKernelError:
                 self.cells[index] = {"status": "died"}
                 self.alive = False
-                self.reason = (f"not run: your notebook's process died in cell {index} (os._exit, a crash, or "
-                               "the memory limit)")
-                self.flags.append({"kind": "kernel-died", "detail": self.reason})
+                self.reason = self.failure or (f"not run: your notebook's process died in cell {index} (os._exit, "
+                                               "a crash, or the memory limit)")
+                if not self.failure:
+                    self.flags.append({"kind": "kernel-died", "detail": self.reason})
                 self._skip_rest(index + 1, "not run: the kernel died in an earlier cell")
                 return
             finally:
@@ -224,18 +221,15 @@ class StudentKernel:
 
     async def stop(self) -> None:
         """Kill the kernel and everything it started."""
-        provisioner = getattr(self.km, "provisioner", None)
-        pgid = getattr(provisioner, "pgid", None)
+        if self._watching is not None:
+            self._watching.cancel()
+            await asyncio.gather(self._watching, return_exceptions=True)
         try:
             if self.client.kc is not None:
                 self.client.kc.stop_channels()
         except Exception:
             pass
-        try:
-            if pgid:
-                os.killpg(pgid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
+        self.kill()
         try:
             await asyncio.wait_for(self.km.shutdown_kernel(now=True), timeout=10)
         except Exception:
@@ -244,5 +238,4 @@ class StudentKernel:
             await self.km.cleanup_resources()
         except Exception:
             pass
-        self.sandbox.kill_all()
         self.km.context.destroy(linger=0)

@@ -3,8 +3,10 @@
 A request is a file the judge writes into the kernel's request folder; the kernel's helper
 (``autograder.server``) answers with a file in the reply folder, read here with bounds on
 its size. The kernel is reached over its shell socket, whose replies are matched by parent
-header only, so a flood of other messages costs nothing to decode. Each cell of checks has a
-time budget; a call past it is interrupted and counted against the learner.
+header only, so a flood of other messages costs nothing to decode. A message over
+:data:`autograder.wall.MAX_MESSAGE` (counted before it is decoded, or refused unread by zmq)
+ends the connection and fails the submission. Each cell of checks has a time budget; a call
+past it is interrupted and counted against the learner.
 """
 from __future__ import annotations
 
@@ -14,26 +16,21 @@ import stat
 import time
 from pathlib import Path
 
-from . import wire
+from . import wall, wire
 from .failures import CheckTimeout, StudentError, Unavailable, call_failure
 from .proxies import find_dataclass, handle_of, proxy_for
 
 MAX_REPLY = 256 * 2**20
-# The judge's sockets to the learner's kernel carry only small replies (the data of a call
-# goes through files): a larger message makes zmq drop the connection instead of holding it.
-MAX_MESSAGE = 4 * 2**20
 
 
 def kernel_client(info: dict):
     """A blocking client of the learner's kernel (``info``: its connection), whose sockets
-    drop a peer that sends a message over :data:`MAX_MESSAGE` instead of holding it."""
+    drop a peer that sends a frame over :data:`autograder.wall.MAX_MESSAGE` instead of
+    holding it (:func:`autograder.wall.cap`)."""
     import zmq
     from jupyter_client import BlockingKernelClient
 
-    context = zmq.Context()
-    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-    context.setsockopt(zmq.LINGER, 0)
-    kc = BlockingKernelClient(context=context)
+    kc = BlockingKernelClient(context=wall.cap(zmq.Context()))
     kc.load_connection_info(info)
     return kc
 
@@ -43,7 +40,8 @@ def shell_reply(kc, msg_id: str, timeout: float) -> dict | None:
 
     The learner's kernel may send anything there: a message whose parent header does not
     name ``msg_id`` is dropped unread (only that header's bytes are looked at), so a flood of
-    other messages costs the judge no decoding.
+    other messages costs the judge no decoding. One over the size limit raises
+    :class:`autograder.wall.OverLimit`.
     """
     socket, session = kc.shell_channel.socket, kc.session
     deadline = time.monotonic() + timeout
@@ -51,8 +49,11 @@ def shell_reply(kc, msg_id: str, timeout: float) -> dict | None:
         left = deadline - time.monotonic()
         if left <= 0 or not socket.poll(max(1, int(left * 1000))):
             return None
+        frames = wall.receive(socket)
+        if isinstance(frames, int):
+            raise wall.OverLimit(frames)
         try:
-            _, parts = session.feed_identities(socket.recv_multipart())
+            _, parts = session.feed_identities(frames)
         except ValueError:
             continue
         # signature, header, parent header, metadata, content, buffers...
@@ -105,6 +106,7 @@ class Remote:
         kc = kernel_client(info)
         kc.start_channels(shell=True, iopub=False, stdin=False, hb=True, control=True)
         self.kc = kc
+        self.drops = wall.monitor(kc.shell_channel.socket)
         from .server import boot_code
 
         reply = self._execute(boot_code(self.req, self.rep), self.timeout)
@@ -114,14 +116,24 @@ class Remote:
 
     # ----------------------------------------------------------------- transport
     def _execute(self, code: str, timeout: float):
-        """Execute ``code`` in the learner's kernel; its reply, or None on timeout or death."""
+        """Execute ``code`` in the learner's kernel; its reply, or None on timeout, death or
+        a message over the limit (``down`` says which of the last two)."""
         msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False, stop_on_error=False)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            reply = shell_reply(self.kc, msg_id, min(0.5, left))
+            try:
+                reply = shell_reply(self.kc, msg_id, min(0.5, left))
+                if wall.dropped(self.drops):
+                    time.sleep(2.0)  # a kernel that dies drops its connection too: the heartbeat tells
+                    if self.kc.is_alive():
+                        raise wall.OverLimit(None)
+            except wall.OverLimit as error:
+                self.down = str(error)
+                self.events.append({"kind": "message-over-limit", "detail": self.down})
+                return None
             if reply is not None:
                 return reply
             if not self.kc.is_alive():

@@ -4,7 +4,8 @@ checks in a judge beside each.
 For each kernel of the plan (:mod:`autograder.plan`) the judge process starts first and
 imports what the checks need while the learner's kernel starts and runs its notebook; then
 the judge runs the planned cells of the master with the learner's answers as proxies. Both
-processes are gone when :func:`execute` returns.
+processes are gone when :func:`execute` returns. One deadline (:mod:`autograder.wall`)
+bounds all the kernels of a submission together.
 """
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +23,15 @@ from pathlib import Path
 import nbformat
 
 from .chapters import Chapter
+from .judges import JUDGE_ENV, judge_memory, kill_judge, partial_verdicts, start_judge
 from .kernel import StudentKernel
 from .plan import KernelPlan, RunPlan
-from .processes import claim, start_time
-from .sandbox import Limits, Sandbox, die_with_parent
+from .processes import claim
+from .sandbox import Limits, Sandbox
+from .wall import Deadline
 
-# Variables of the grader's own environment that the judge keeps (the judge runs trusted
-# code, but it has no need of anything else either).
-JUDGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MINILLM_DATA", "TRITON_INTERPRET", "VIRTUAL_ENV")
+# The flags of a verdict-only kernel that the submission's results show: they end the whole run.
+SUBMISSION_FLAGS = ("submission-timeout", "message-over-limit")
 
 
 @dataclass
@@ -50,64 +48,8 @@ class Execution:
     seed: int = 0
     judge_error: str = ""
     judge_flags: list[dict] = field(default_factory=list)  # the flags the judge raised (also in ``flags``)
-
-
-def judge_memory(limits: Limits) -> int:
-    """Address space the judge may map beyond what it has when it starts: room for the
-    checks and for the data of the learner's replies, never unbounded."""
-    from .remote import MAX_REPLY
-
-    return max(limits.memory, 2**31) + 2 * MAX_REPLY
-
-
-class Zygote:
-    """A pre-warmed judge parent (``python -m autograder.judge --zygote``), one per process.
-
-    Importing torch and IPython costs seconds of CPU; the zygote pays it once and forks a
-    fresh judge for each submission.
-    """
-
-    _running: dict[tuple, "Zygote"] = {}
-
-    def __init__(self, env: dict):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.judge", "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir(), preexec_fn=die_with_parent, text=True)
-        self.ready = False
-        self.lock = threading.Lock()  # one request and its answer at a time on the pipes
-
-    @classmethod
-    def get(cls, env: dict) -> "Zygote":
-        key = tuple(sorted((k, v) for k, v in env.items() if k != "IPYTHONDIR"))
-        zygote = cls._running.get(key)
-        if zygote is None or zygote.process.poll() is not None:
-            zygote = cls._running[key] = cls(env)
-        return zygote
-
-    def spawn(self, plan: Path, channel: Path, log: Path, env: dict) -> int:
-        """Fork a judge; the first call waits until the zygote has imported what it needs.
-        It blocks: the run stage calls it in a thread, while the learner's kernel starts."""
-        request = {"plan": str(plan), "channel": str(channel), "log": str(log), "env": env}
-        with self.lock:
-            if not self.ready:
-                if self.process.stdout.readline().strip() != "zygote":
-                    raise RuntimeError("the judges' zygote did not start")
-                self.ready = True
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            return int(self.process.stdout.readline())
-
-
-def _kill_judge(judge: tuple[int, str] | None) -> None:
-    """Kill the judge (a pid and its start time, so that a reused pid is never hit)."""
-    if not judge or not judge[0]:
-        return
-    pid, started = judge
-    if start_time(pid) == started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    failure: str = ""                    # why the whole submission fails (a message over the size limit)
+    timed_out: str = ""                  # why checks were not reached: the submission's deadline passed
 
 
 async def execute(planned: RunPlan, limits: Limits, *, jobs: int = 1, seed: int | None = None,
@@ -118,27 +60,51 @@ async def execute(planned: RunPlan, limits: Limits, *, jobs: int = 1, seed: int 
     flags, and their times.
 
     ``scratch``: the folder for the sandboxes and the judges' files (default: the system's).
+    One deadline, ``limits.notebook_timeout`` from now, bounds all the kernels together: a
+    kernel of the plan that it leaves no time for is not started.
     """
     seed = secrets.randbelow(2**31) if seed is None else int(seed)
     chapter = planned.chapter
+    deadline = Deadline(limits.notebook_timeout)
     merged = None
     for number, kernel in enumerate(planned.kernels, 1):
-        part = await _execute_once(chapter, kernel, limits, jobs=jobs, seed=seed, scratch=scratch)
+        if merged is not None and deadline.expired:
+            merged.timed_out = merged.timed_out or deadline.reason()
+            break
+        part = await _execute_once(chapter, kernel, limits, deadline, jobs=jobs, seed=seed, scratch=scratch)
         counted = {i: v for i, v in part.verdicts.items() if kernel.counts_verdict_of(chapter.cells[i].exercise)}
         if merged is None:
             merged, part.verdicts = part, counted
             continue
         merged.verdicts.update(counted)
-        merged.flags += part.judge_flags
+        merged.flags += part.judge_flags + [f for f in part.flags if f["kind"] in SUBMISSION_FLAGS]
         merged.judge_flags += part.judge_flags
         merged.seconds.update({f"{key} {number}": value for key, value in part.seconds.items()})
         merged.judge_error = "; ".join(e for e in (merged.judge_error, part.judge_error) if e)
+        merged.failure = merged.failure or part.failure
+        merged.timed_out = merged.timed_out or part.timed_out
     return merged
 
 
-async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limits, *, jobs: int, seed: int,
-                        scratch: Path | None) -> Execution:
-    """One learner kernel and its judge, as ``kernel_plan`` says."""
+@dataclass
+class _Talk:
+    """What one kernel's run has gathered so far: kept when the deadline cuts it short."""
+
+    flags: list[dict]
+    seconds: dict = field(default_factory=dict)
+    verdicts: list[dict] = field(default_factory=list)
+    described: dict = field(default_factory=dict)
+    judge_error: str = ""
+    judge_flags: list[dict] = field(default_factory=list)
+    judge: tuple[int, str] | None = None
+    fallback: asyncio.subprocess.Process | None = None
+
+
+async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limits, deadline: Deadline, *,
+                        jobs: int, seed: int, scratch: Path | None) -> Execution:
+    """One learner kernel and its judge, as ``kernel_plan`` says, until ``deadline``: then
+    the kernel, its sandbox and the judge are killed (from a thread of their own, whatever
+    the event loop is doing) and the verdicts the judge reached are kept."""
     started = time.monotonic()
     notebook = kernel_plan.notebook
     sandbox = Sandbox(limits, jobs=jobs, parent=scratch)
@@ -176,100 +142,82 @@ async def _execute_once(chapter: Chapter, kernel_plan: KernelPlan, limits: Limit
     channel = private / "judge.sock"
     listener = await asyncio.start_unix_server(on_connect, path=str(channel))
     os.chmod(channel, 0o600)
-    judge_start = asyncio.create_task(_start_judge(private, channel, env, judge_env))
-    judge = None
-    fallback = None
+    judge_start = asyncio.create_task(start_judge(private, channel, env, judge_env))
     kernel = StudentKernel(sandbox, limits, notebook)
-    flags = list(sandbox.flags)
-    seconds = {}
-    judge_error = ""
-    judge_flags: list[dict] = []
-    verdicts: list[dict] = []
-    described: dict = {}
+    talk = _Talk(flags=list(sandbox.flags))
+    timed_out = ""
+
+    def expire() -> None:
+        kernel.kill()
+        kill_judge(talk.judge)
+
+    watchdog = deadline.watch(expire)
     try:
-        try:
-            await kernel.start()
-        except Exception as error:  # noqa: BLE001
-            log = (sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
-        seconds["start"] = time.monotonic() - started
-        await kernel.run()
-        seconds["notebook"] = kernel.seconds
-        flags += kernel.flags
-        judge_started = time.monotonic()
-        try:
-            judge, fallback = await judge_start
-            reader, writer = await asyncio.wait_for(connected, 120)
-            ready = await asyncio.wait_for(reader.readline(), 120)
-            if ready.strip() != b"ready":
-                raise RuntimeError("the judge did not start")
-            connection = {k: (v.decode() if isinstance(v, bytes) else v)
-                          for k, v in kernel.km.get_connection_info().items()}
-            status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
-            writer.write(b"go " + json.dumps(status).encode() + b"\n")
-            await writer.drain()
-            # Each cell has a budget of its own in the judge; this only stops a judge that hangs.
-            budget = (len(plan["cells"]) + 1) * limits.check_budget + 2 * limits.call_timeout + 60
-            await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
-            outcome = json.loads((private / "verdicts.json").read_text())
-            verdicts, described = outcome["cells"], outcome["described"]
-            flags += outcome["events"]
-            judge_flags = outcome["events"]
-            faults = [v["judge_fault"] for v in verdicts if v.get("judge_fault")]
-            if faults:
-                judge_error = "; ".join(faults)
-        except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
-            log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
-            judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
-            verdicts = partial_verdicts(private / "verdicts.jsonl")
-        seconds["judge"] = time.monotonic() - judge_started
+        await asyncio.wait_for(_talk(kernel, talk, plan, limits, deadline, judge_start, connected, private, started),
+                               deadline.left())
+    except asyncio.TimeoutError:
+        timed_out = deadline.reason()
+        talk.flags.append({"kind": "submission-timeout", "detail": timed_out})
+        kernel.reason = kernel.reason or timed_out
+        talk.verdicts = partial_verdicts(private / "verdicts.jsonl")
     finally:
-        if judge is None:
+        watchdog.cancel()
+        if talk.judge is None:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
-                judge, fallback = await judge_start
-        _kill_judge(judge)
-        if fallback is not None:
-            await fallback.wait()
+                talk.judge, talk.fallback = await judge_start
+        kill_judge(talk.judge)
+        if talk.fallback is not None:
+            await talk.fallback.wait()
         listener.close()
         await kernel.stop()
         sandbox.remove()
         shutil.rmtree(private, ignore_errors=True)
-    seconds["total"] = time.monotonic() - started
-    return Execution(notebook, {v["index"]: v for v in verdicts}, kernel.cells, described, flags,
-                     kernel.reason, seconds, seed, judge_error, judge_flags)
+    talk.seconds["total"] = time.monotonic() - started
+    failure = kernel.failure or next((e["detail"] for e in talk.judge_flags if e["kind"] == "message-over-limit"), "")
+    return Execution(notebook, {v["index"]: v for v in talk.verdicts}, kernel.cells, talk.described, talk.flags,
+                     kernel.reason, talk.seconds, seed, talk.judge_error, talk.judge_flags, failure, timed_out)
 
 
-async def _start_judge(private: Path, channel: Path, env: dict, judge_env: dict):
-    """The judge of one kernel, forked by the zygote (or started afresh where that fails):
-    ``(pid, start time)`` and the fallback process, if one was started."""
+async def _talk(kernel: StudentKernel, talk: _Talk, plan: dict, limits: Limits, deadline: Deadline, judge_start,
+                connected, private: Path, started: float) -> None:
+    """Start the learner's kernel, run its notebook, then hand it to the judge and gather
+    the judge's verdicts into ``talk``."""
     try:
-        pid = await asyncio.to_thread(Zygote.get(env).spawn, private / "plan.json", channel,
-                                      private / "judge.log", judge_env)
-        return (pid, start_time(pid)), None
-    except (OSError, ValueError, RuntimeError):
-        fallback = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "autograder.judge", str(private / "plan.json"), str(channel),
-            stdin=asyncio.subprocess.DEVNULL, stdout=open(private / "judge.log", "wb"), stderr=subprocess.STDOUT,
-            cwd=str(private / "work"), env=judge_env, preexec_fn=die_with_parent, start_new_session=True)
-        return (fallback.pid, start_time(fallback.pid)), fallback
-
-
-def partial_verdicts(path: Path) -> list[dict]:
-    """The verdicts a judge wrote, cell by cell, before it died or hung (a last line cut
-    short is dropped)."""
-    found = []
+        await kernel.start()
+    except Exception as error:  # noqa: BLE001
+        log = (kernel.sandbox.base / "launch.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the learner's kernel did not start: {error}\n{log}") from error
+    talk.seconds["start"] = time.monotonic() - started
+    await kernel.run(deadline)
+    talk.seconds["notebook"] = kernel.seconds
+    talk.flags += kernel.flags
+    judge_started = time.monotonic()
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        try:
-            verdict = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(verdict, dict) and isinstance(verdict.get("index"), int):
-            found.append(verdict)
-    return found
+        talk.judge, talk.fallback = await judge_start
+        reader, writer = await asyncio.wait_for(connected, 120)
+        ready = await asyncio.wait_for(reader.readline(), 120)
+        if ready.strip() != b"ready":
+            raise RuntimeError("the judge did not start")
+        connection = {k: (v.decode() if isinstance(v, bytes) else v)
+                      for k, v in kernel.km.get_connection_info().items()}
+        status = {"alive": kernel.alive, "reason": kernel.reason, "connection": connection}
+        writer.write(b"go " + json.dumps(status).encode() + b"\n")
+        await writer.drain()
+        # Each cell has a budget of its own in the judge; this only stops a judge that hangs.
+        budget = (len(plan["cells"]) + 1) * limits.check_budget + 2 * limits.call_timeout + 60
+        await asyncio.wait_for(reader.read(), budget)  # the judge closes the channel when it exits
+        outcome = json.loads((private / "verdicts.json").read_text())
+        talk.verdicts, talk.described = outcome["cells"], outcome["described"]
+        talk.flags += outcome["events"]
+        talk.judge_flags = outcome["events"]
+        faults = [v["judge_fault"] for v in talk.verdicts if v.get("judge_fault")]
+        if faults:
+            talk.judge_error = "; ".join(faults)
+    except (asyncio.TimeoutError, OSError, ValueError, RuntimeError) as error:
+        log = (private / "judge.log").read_text(errors="replace")[-3000:] if (private / "judge.log").exists() else ""
+        talk.judge_error = f"{type(error).__name__}: {error}\n{log}".strip()
+        talk.verdicts = partial_verdicts(private / "verdicts.jsonl")
+    talk.seconds["judge"] = time.monotonic() - judge_started
 
 
 def execute_sync(*args, **kwargs) -> Execution:

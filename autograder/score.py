@@ -55,6 +55,8 @@ def reason(verdict: dict | None, execution) -> str:
     whose code raises ``NotImplementedError`` (its stub) is "not answered yet", whatever the
     check made of that error (``course_runtime.NotAnswered``)."""
     if verdict is None:
+        if execution is not None and execution.timed_out:
+            return execution.timed_out
         if execution is not None and execution.judge_error:
             return "not graded: the grader itself failed on this notebook (see the instructor)"
         return "not run"
@@ -100,8 +102,9 @@ def build(chapter, rebuilt, execution, submission: dict | None = None) -> dict:
         flags.append({"kind": "reference-use", "cell": grade_id, "detail": detail})
     numbers = _numbering(chapter)
     tests = []
+    failure = execution.failure if execution else ""  # it fails every check, passed or not
     for cell in chapter.tests:
-        withheld = rebuilt.reasons.get(cell.exercise) or reference.get(cell.exercise)
+        withheld = failure or rebuilt.reasons.get(cell.exercise) or reference.get(cell.exercise)
         verdict = execution.verdicts.get(cell.index) if execution else None
         passed = not withheld and verdict is not None and verdict["status"] == "passed"
         tests.append({

@@ -133,7 +133,7 @@ def scale(x, factor):
                                   "    print('bytearray: MemoryError')\ntry:\n    big = torch.empty(2**36, dtype=torch.uint8).fill_(1)\n"
                                   "except Exception as error:\n    print('torch:', type(error).__name__)\n" + WRONG_SCALE,
                          "count_weights": WRONG_COUNT}, None, 0, None),
-        "huge_output": ({"scale": "print('x' * 30_000_000)\nfor i in range(200_000):\n    print(i, 'All tests passed')\n"
+        "huge_output": ({"scale": "print('x' * 1_000_000)\nfor i in range(200_000):\n    print(i, 'All tests passed')\n"
                                   + WRONG_SCALE, "count_weights": WRONG_COUNT}, None, 0, None),
         "read_hidden": ({"scale": read_hidden, "count_weights": WRONG_COUNT}, None, 0, None),
         "write_gradebook": ({"scale": f"import sqlite3\nfor path in ({str(gradebook)!r}, 'gradebook.db', '../gradebook.db'):\n"

@@ -462,7 +462,8 @@ def test_the_judges_socket_drops_foreign_messages_unread_and_refuses_large_ones(
     import zmq
     from jupyter_client.session import Session
 
-    from autograder.remote import MAX_MESSAGE, kernel_client, shell_reply
+    from autograder.remote import kernel_client, shell_reply
+    from autograder.wall import MAX_MESSAGE
 
     ip = str(tmp_path / "k")
     info = {"transport": "ipc", "ip": ip, "key": "k3y", "signature_scheme": "hmac-sha256",

@@ -483,7 +483,7 @@ def test_a_limit_that_fires_under_load_is_told_from_the_learners_own_code(tmp_pa
 def test_a_judge_that_dies_keeps_the_verdicts_it_reached(tmp_path):
     """The judge writes each verdict as it has it: one that dies in its third cell keeps the
     first two; the second, whose own code overran its budget, is the grader's fault."""
-    from autograder.run import partial_verdicts
+    from autograder.judges import partial_verdicts
 
     cells = [("ok = 1", True), ("while True:\n    pass", True), ("import os\nos._exit(3)", True), ("ok = 2", True)]
     plan = {"cells": [{"index": i, "grade_id": f"check_{i}", "test": test, "source": source, "early": False}
