@@ -20,7 +20,8 @@ def bindings(chapter: Chapter) -> tuple[dict[str, str], dict[str, set[str]]]:
     """Names the master binds to the reference: module aliases, and fallbacks.
 
     ``aliases``: name → module (``reference_history`` → ``minillm.history``).
-    ``fallbacks``: name → the answer names it may stand for (``rnn`` → {rnn_forward}).
+    ``fallbacks``: name → the answer names it may stand for (``rnn`` → {rnn_forward}),
+    and what a fallback computed (``w`` from ``routing(...)`` → {top_k_routing}).
     """
     modules = set(chapter.reference_modules)
     answers = set(chapter.proxied_names)
@@ -56,6 +57,8 @@ def bindings(chapter: Chapter) -> tuple[dict[str, str], dict[str, set[str]]]:
                     covered.add(node.attr)
                 elif isinstance(node, ast.Name) and node.id in direct:
                     covered.add(direct[node.id])
+                elif isinstance(node, ast.Name) and node.id in fallbacks:  # what a fallback returned
+                    covered.update(fallbacks[node.id])
             if covered:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 for target in targets:

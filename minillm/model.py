@@ -255,9 +255,10 @@ class GPT(nn.Module):
             key_positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         offset = 0 if kv_cache is None else getattr(kv_cache, "position_offset", 0)
         if isinstance(offset, torch.Tensor):  # one offset per row: (batch,) → (batch, 1)
-            offset = offset.to(ids.device)[:, None]
-        key_positions = key_positions + offset
-        positions = key_positions[..., start:]
+            key_positions = key_positions + offset.to(ids.device)[:, None]
+        elif offset:  # a training step has no cache: nothing is added
+            key_positions = key_positions + offset
+        positions = key_positions[..., start:] if start else key_positions  # no cache: every position is new
         x = self.token_embedding(ids)
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions).to(x.dtype)
