@@ -34,7 +34,7 @@ help:
 	@echo "make constraints  re-resolve the dependencies for every platform into constraints.txt (then make clean-venv test)"
 	@echo "make bench     run the benchmarks in bench/"
 	@echo "make speedrun  train to 1.40 nats per character against the clock, and record it in data/speedrun.json (up to 10 minutes)"
-	@echo "make speedrun-verify RECORD=0  rerun a record of the leaderboard here and check that it holds"
+	@echo "make speedrun-verify RECORD=0 [BOARD=FILE]  rerun a record of the leaderboard (or of a submitted file) here and check that it holds"
 	@echo "make sweep     rerun chapter 08's scaling-law lab into data/scaling_sweep.json (under 30 minutes)"
 
 # Installs the course with the exact versions of constraints.txt, and again whenever
@@ -207,8 +207,10 @@ bench: $(STAMP)
 speedrun: $(STAMP)
 	$(BIN)/python bench/speedrun.py run $(SPEEDRUN_ARGS)
 
+# BOARD=FILE verifies a record of another leaderboard (a learner's submitted file, docs/speedrun.md);
+# OUT=FILE appends the rerun to that leaderboard when it holds.
 speedrun-verify: $(STAMP)
-	$(BIN)/python bench/speedrun.py verify $(RECORD)
+	$(BIN)/python bench/speedrun.py verify $(RECORD) $(if $(BOARD),--board $(BOARD)) $(if $(OUT),--out $(OUT))
 
 clean-venv:
 	rm -rf $(VENV)

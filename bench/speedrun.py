@@ -5,7 +5,8 @@ time runs out, and keep a record that anyone can verify.
 recipe, printing its progress, appends its record to ``data/speedrun.json`` (the
 leaderboard; ``--out FILE`` writes elsewhere) and writes its model to
 ``build/speedrun-RECIPE.pt`` (``--model``): the shipped model stays as it is. ``python bench/speedrun.py verify N`` reruns
-record ``N`` on this machine and says whether it holds (exit status 1 when it does not).
+record ``N`` on this machine and says whether it holds (exit status 1 when it does not;
+``--board FILE`` reads a submitted file, ``--out FILE`` appends a rerun that holds).
 ``python bench/speedrun.py [board]`` prints the leaderboard.
 
 The clock runs while the recipe learns its tokenizer, builds its model and trains. It stops
@@ -13,8 +14,8 @@ for each evaluation, which is ``python -m minillm evaluate``'s loss (nats per ch
 the validation text, the model's own context), taken every ``check_every`` steps: the run
 ends at the first evaluation at or below ``target``, or the first after ``budget_minutes``.
 
-A record holds the recipe, the code version (a hash of the package's source and the
-recipe's settings), torch's version, the machine, the thread count, the times, and a
+A record holds the recipe, the code version (a hash of the package's source, this script
+and the recipe's settings), torch's version, the machine, the thread count, the times, and a
 calibration taken in the same run, before training and after it (a change between the two
 says the machine's load moved): a fixed matmul workload and bench/train.py's nanoGPT
 baseline for a fixed number of steps. The leaderboard sorts by *normalized* time: a record's
@@ -68,10 +69,11 @@ RECIPES = {
 
 
 def code_version(settings: dict) -> str:
-    """A hash of what decides the run: the package's source and the recipe's settings."""
+    """A hash of what decides the run: the package's source, this script (its training loop)
+    and the recipe's settings."""
     digest = hashlib.sha256()
     package = Path(minillm.__file__).resolve().parent
-    for path in sorted(package.glob("*.py")):
+    for path in sorted(package.glob("*.py")) + [Path(__file__).resolve()]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
@@ -229,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     checked.add_argument("--board", type=Path, default=BOARD)
     checked.add_argument("--time-tolerance", type=float, default=TIME_TOLERANCE,
                          help="how many times the record's normalized time a rerun may take (default: %(default)s)")
+    checked.add_argument("--out", type=Path, help="append the rerun to this leaderboard when it verifies")
     shown = commands.add_parser("board", help="print the leaderboard")
     shown.add_argument("--board", type=Path, default=BOARD)
     args = parser.parse_args(argv)
@@ -248,10 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.record < len(records):
         parser.error(f"record must be 0 to {len(records) - 1} ({len(records)} records in {args.board}), got {args.record}")
     record = records[args.record]
-    problems = verify(record, run(record["recipe"], threads=record["threads"]), args.time_tolerance)
+    rerun = run(record["recipe"], threads=record["threads"])
+    problems = verify(record, rerun, args.time_tolerance)
     for problem in problems:
         print(f"does not hold: {problem}")
     print(f"record {args.record}: " + ("verified" if not problems else "NOT verified"))
+    if args.out is not None and not problems:
+        board = load_board(args.out) + [rerun]
+        save_board(board, args.out)
+        print(f"the rerun is record {len(board) - 1} of {args.out}")
     return 1 if problems else 0
 
 

@@ -81,6 +81,6 @@ def test_readme_starts_a_newcomer_in_one_screen():
         line = next(line for line in first.splitlines() if line.startswith(command + " "))
         assert re.search(r"about \d+ minutes?", line), f"{command} has no time beside it: {line!r}"
     assert book.course_map_table().strip() in first, "the course map does not end within the first 60 lines"
-    for page in ("docs/measured.md", "docs/platforms.md", "docs/training.md"):
+    for page in ("docs/measured.md", "docs/platforms.md", "docs/training.md", "docs/speedrun.md"):
         assert f"]({page})" in first and (paths.ROOT / page).exists(), page
     assert "## Measured" not in readme, "the measurements belong in docs/measured.md"

@@ -1,5 +1,5 @@
 """Every command README.md (with the docs pages it links for details: measured, platforms,
-training), docs/grading.md and `make help` show works as written.
+training, speedrun), docs/grading.md and `make help` show works as written.
 
 Commands are extracted from the documents: every line of a ```bash or ```sh block (a
 trailing `  # comment` dropped), inline code that starts with `make `, `.venv/bin/<tool> `,
@@ -44,7 +44,7 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 COMMAND_WORDS = ("make ", "python", ".venv/", "cd ", "jupyter ", "nbgrader ", "pip ", "conda ")
 SUBMISSION_SLUG = "00_history"
 # README and the pages it moved its details to: their commands run from the repository.
-README_PAGES = ("README.md", "docs/measured.md", "docs/platforms.md", "docs/training.md")
+README_PAGES = ("README.md", "docs/measured.md", "docs/platforms.md", "docs/training.md", "docs/speedrun.md")
 
 
 @dataclass

@@ -41,8 +41,11 @@ def test_a_record_verifies_on_a_rerun_and_a_changed_one_does_not(speedrun, tmp_p
         / speedrun.REFERENCE_TOKENS_PER_SECOND)
 
     # The tiny recipe trains for a fraction of a second, so its time is mostly noise here.
-    assert speedrun.main(["verify", "0", "--board", str(board), "--time-tolerance", "20"]) == 0
+    race = tmp_path / "race.json"
+    assert speedrun.main(["verify", "0", "--board", str(board), "--time-tolerance", "20", "--out", str(race)]) == 0
     assert "record 0: verified" in capsys.readouterr().out
+    [rerun] = speedrun.load_board(race)  # the instructor's leaderboard holds the rerun, not the submission
+    assert rerun["code_version"] == record["code_version"] and rerun["date"] >= record["date"]
 
     assert speedrun.verify(record, record) == []
     wrong_loss = copy.deepcopy(record)
@@ -56,8 +59,21 @@ def test_a_record_verifies_on_a_rerun_and_a_changed_one_does_not(speedrun, tmp_p
     assert any("normalized time" in problem for problem in speedrun.verify(record, slower))
 
     speedrun.save_board([wrong_loss], board)
-    assert speedrun.main(["verify", "0", "--board", str(board), "--time-tolerance", "20"]) == 1
+    assert speedrun.main(["verify", "0", "--board", str(board), "--time-tolerance", "20", "--out", str(race)]) == 1
     assert "NOT verified" in capsys.readouterr().out
+    assert len(speedrun.load_board(race)) == 1, "a rerun that does not hold is not added"
+
+
+def test_the_code_version_covers_the_training_loop(speedrun, tmp_path):
+    """A learner who changes bench/speedrun.py's loop (not only the package) changes the version."""
+    changed = tmp_path / "speedrun.py"
+    changed.write_text((paths.ROOT / "bench" / "speedrun.py").read_text() + "\n# a changed loop\n")
+    spec = importlib.util.spec_from_file_location("bench_speedrun_changed", changed)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    settings = speedrun.RECIPES["tiny"]
+    assert module.code_version(settings) != speedrun.code_version(settings)
+    assert speedrun.code_version(dict(settings, lr=1e-3)) != speedrun.code_version(settings)
 
 
 def test_the_leaderboard_sorts_by_normalized_time_and_refuses_a_missing_record(speedrun, tmp_path, capsys):
