@@ -85,6 +85,10 @@ def _scoped_locals(node: ast.AST) -> set[str]:
                 for inner in ast.walk(sub):
                     if inner is not sub and isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
                         local.add(inner.id)
+                    elif inner is not sub and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        local.add(inner.name)  # a helper def inside a function (which may call itself)
+                    elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        local |= _import_names(inner)
         elif isinstance(sub, ast.comprehension):
             local |= target_names(sub.target)
     return local

@@ -161,3 +161,12 @@ def test_no_reference_flag_for_what_the_exercise_asks_for_or_for_a_local_name():
     free = "def combine(outputs, rows, slots, weights, n_tokens):\n    return outputs * w\n"
     assert [detail for _, detail in moe.reference_uses("combine", free)] == [
         "uses w, which may be the reference top_k_routing"]
+    positional = Chapter.load("03_positional_encoding")
+    helper = ("def alibi_slopes(n_heads):\n"
+              "    def slopes(n):\n"
+              "        return [1.0] if n == 1 else slopes(n // 2) + [0.5]\n"
+              "    return torch.tensor(slopes(n_heads))\n")
+    assert positional.reference_uses("alibi_slopes", helper) == [], "a recursive helper is the answer's own"
+    global_read = "def alibi_slopes(n_heads):\n    return slopes[:n_heads]\n"
+    assert [detail for _, detail in positional.reference_uses("alibi_slopes", global_read)] == [
+        "uses slopes, which may be the reference alibi_slopes"]
