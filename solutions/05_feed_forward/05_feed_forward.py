@@ -756,6 +756,8 @@ class SwiGLU(nn.Module):
 
 # %%
 #| stable
+from minillm.ffn import SwiGLU
+
 torch.manual_seed(0)
 swi = SwiGLU(64, hidden_size(64, multiple_of=8))
 x = torch.randn(3, 5, 64)
