@@ -59,6 +59,16 @@ class RemoteObject:
         value = self._remote.request("call", handle=self._id, args=list(args), kwargs=kwargs, label=self._label)
         return value
 
+    def _call_counting_steps(self, *args, **kwargs) -> tuple[int, object]:
+        """``(lines, result)`` of a call, its Python lines counted where it runs, in the
+        learner's process (``course_runtime.opcount.python_steps`` there). The count is the
+        learner's process's word: it can catch a loop, not a learner who hides one."""
+        reply = self._remote.request("steps", handle=self._id, args=list(args), kwargs=kwargs, label=self._label)
+        steps = reply.get("steps") if isinstance(reply, dict) else None
+        if type(steps) is not int or steps < 0:
+            raise StudentError(f"the lines that {self._label} ran could not be counted in your notebook's process")
+        return steps, reply.get("value")
+
     def __len__(self):
         return self._remote.request("len", handle=self._id, label=f"len({self._label})")
 

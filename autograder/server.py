@@ -140,17 +140,21 @@ class Server:
         return self.run(op, self.target(request), request)
 
     def run(self, op, target, request):
-        if op == "call":
+        if op in ("call", "steps"):
             args, kwargs = request.get("args", []), request.get("kwargs", {})
             kept = [(where, argument, _copy(argument)) for where, argument in _arguments(args, kwargs)]
-            value = target(*args, **kwargs)
+            if op == "steps":  # the Python lines the call runs in the learner's code, for a check that it is vectorised
+                from course_runtime.opcount import python_steps
+                steps, value = python_steps(target, *args, **kwargs)
+            else:
+                value = target(*args, **kwargs)
             changed = [where for where, argument, before in kept if not _unchanged(argument, before)]
             if changed:
                 raise InPlaceModification(
                     f"it changed {', '.join(changed)} in place; the function must leave its inputs "
                     f"unchanged and return new values (copy or clone first, or build a new list, "
                     f"dict or tensor)")
-            return value
+            return {"steps": steps, "value": value} if op == "steps" else value
         if op == "getattr":
             return getattr(target, request["attr"])
         if op == "setattr":

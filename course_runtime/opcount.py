@@ -8,8 +8,8 @@ answer at two sizes and see whether the count grows with the size.
 
 Lines in the standard library, in installed packages (torch among them), in this runtime
 and in the grader are not counted: they do not loop over the learner's data. Where the
-answer runs in another process (the hardened grader's proxies), none of its lines run
-here, the count is 0 at every size, and a check built on it passes.
+answer runs in another process (the hardened grader's proxy of it), the lines are counted
+there, in the learner's process, and the count comes back with the result.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def _counted(filename: str) -> bool:
 def python_steps(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     """``(lines, result)``: the Python lines that ``fn(*args, **kwargs)`` executed in the
     learner's code (a loop's body counts once per iteration), and what it returned."""
+    counted_where_it_runs = getattr(type(fn), "_call_counting_steps", None)  # the grader's proxy
+    if counted_where_it_runs is not None:
+        return counted_where_it_runs(fn, *args, **kwargs)
     count = 0
     known: dict[str, bool] = {}
 

@@ -4,10 +4,9 @@ exercise's points and nothing else (the solutions' full marks are tests/test_gra
 The cases run through the chapters' hidden cells directly in tests/test_moe_checks.py and
 tests/test_dpo_checks.py; here they go through ``grade_files``, where the answers run in the
 learner's sandbox and the checks in the judge, which sees only the data that comes back.
-That is why a Python loop over tokens in ``dispatch_plan`` still scores there: the check
-counts the lines of Python that run in its own process (course_runtime/opcount.py), and the
-learner's lines run in the other one. Counting them needs the judge to ask the learner's
-kernel for the count of a call, which the grader cannot do yet.
+A Python loop over tokens in ``dispatch_plan`` is caught there too: the check counts the
+lines of Python a call runs (course_runtime/opcount.py), and for the judge's proxy of the
+learner's function the count is taken where the lines run, in the learner's kernel.
 """
 import inspect
 import textwrap
@@ -47,11 +46,7 @@ def scores(tmp_path_factory):
     return {name: {t["name"]: t["score"] for t in batch.of(name)["tests"]} for name in CASES}
 
 
-@pytest.mark.parametrize("name", [
-    "weights-dtype", "kl-float32",
-    pytest.param("loop", marks=pytest.mark.xfail(strict=True, reason="the judge cannot count the lines that run in "
-                                                 "the learner's sandbox")),
-])
+@pytest.mark.parametrize("name", list(CASES))
 def test_a_near_miss_loses_its_own_exercise_and_nothing_else(scores, name):
     exercise = CASES[name][1]
     lost = {test for test, score in scores[name].items() if not score}

@@ -3,6 +3,7 @@ per iteration, and not those of the libraries it calls."""
 import statistics
 import sys
 
+import pytest
 import torch
 
 from course_runtime.opcount import grows_with_size, python_steps
@@ -44,3 +45,30 @@ def test_the_tracer_before_the_count_is_restored():
     finally:
         sys.settrace(None)
     assert after is outer
+
+
+class _LearnersProcess:
+    """A stand-in for the grader's connection: it answers a "steps" request as the server in
+    the learner's kernel does, by counting there (here: in this process)."""
+
+    def __init__(self, function, forged=None):
+        self.function, self.forged, self.requests = function, forged, []
+
+    def request(self, what, **fields):
+        self.requests.append(what)
+        steps, value = python_steps(self.function, *fields["args"], **fields["kwargs"])
+        return {"steps": steps if self.forged is None else self.forged, "value": value}
+
+
+def test_a_proxys_lines_are_counted_in_the_process_that_runs_it():
+    from autograder.failures import StudentError
+    from autograder.proxies import RemoteObject
+
+    remote = _LearnersProcess(loop)
+    proxy = RemoteObject(remote, {"id": 1, "type": "function"}, label="loop")
+    assert python_steps(proxy, 10) == python_steps(loop, 10)
+    assert remote.requests == ["steps"]
+    assert grows_with_size(proxy, (10,), (1_000,), slack=100) is not None
+    for forged in (-1, 2.5, "many", True):
+        with pytest.raises(StudentError, match="could not be counted"):
+            python_steps(RemoteObject(_LearnersProcess(loop, forged), {"id": 1}, label="loop"), 3)
