@@ -59,6 +59,11 @@ class RemoteObject:
         value = self._remote.request("call", handle=self._id, args=list(args), kwargs=kwargs, label=self._label)
         return value
 
+    def _learner_pids(self) -> list[int] | None:
+        """The processes that run this object's calls, for ``course_runtime.memory``: the
+        learner's sandbox (None when the grader cannot tell them apart)."""
+        return self._remote.learner_pids()
+
     def _call_counting_steps(self, *args, **kwargs) -> tuple[int, object]:
         """``(lines, result)`` of a call, its Python lines counted where it runs, in the
         learner's process (``course_runtime.opcount.python_steps`` there). The count is the

@@ -155,16 +155,22 @@ class Remote:
         self.events.append({"kind": "check-timeout", "cell": self.cell_label or None, "detail": detail})
         return CheckTimeout(detail)
 
-    def _cpu_sample(self):
-        """What the learner's processes got of the CPUs so far (None when they cannot be told)."""
-        from .cpu import cpu_sample
+    def learner_pids(self) -> list[int] | None:
+        """The processes of the learner's sandbox, found by its PID namespace (None when the
+        grader runs without PID namespaces, and cannot tell them from its own)."""
         from .processes import pid_namespace_members
 
         try:
             namespace = Path(self.plan.get("pidns_file") or "").read_text().strip()
         except OSError:
             return None
-        members = pid_namespace_members(namespace)
+        return pid_namespace_members(namespace) or None
+
+    def _cpu_sample(self):
+        """What the learner's processes got of the CPUs so far (None when they cannot be told)."""
+        from .cpu import cpu_sample
+
+        members = self.learner_pids()
         return cpu_sample(members) if members else None
 
     def _read_reply(self, call_id: str) -> bytes | None:
