@@ -193,7 +193,10 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     offset = n_keys - n_queries
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None]  # a query that sees no key: P = exp(-inf) = 0
-    row_term = (d_out * out).sum(dim=-1)  # D: once per query, not once per tile
+    # D: once per query, not once per tile, and a block of queries at a time, so that the
+    # product d_out * out (as large as the output) never exists whole
+    row_term = torch.cat([(d_out[..., i0:i0 + block_q, :] * out[..., i0:i0 + block_q, :]).sum(dim=-1)
+                          for i0 in range(0, n_queries, block_q)], dim=-1)
     query_positions, key_positions = torch.arange(n_queries, device=q.device), torch.arange(n_keys, device=q.device)
     for j0 in range(0, n_keys, block_k):  # FlashAttention-2's order: one block of keys and values at a time...
         j1 = min(j0 + block_k, n_keys)

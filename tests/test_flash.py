@@ -202,13 +202,15 @@ class RowSums(TorchDispatchMode):
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_computes_the_row_term_once_not_once_per_tile(causal):
     """FlashAttention-2's D = rowsum(dO * O): one sum over the head dimension (5, no block's
-    size) for all the queries, before the loops, whatever the number of tiles (here 4 x 5)."""
+    size) per block of queries, before the loops, whatever the number of tiles (here 4 x 5,
+    and 4 x 1): 13 queries in blocks of 4 are 4 sums."""
     q, k, v = randn(2, 13, 5), randn(2, 13, 5, seed=1), randn(2, 13, 5, seed=2)
     out, lse = flash.tiled_attention_forward(q, k, v, causal=causal, block_q=4, block_k=3)
     d_out = randn(2, 13, 5, seed=3)
-    with RowSums(width=5) as sums:
-        grads = flash.tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal, block_q=4, block_k=3)
-    assert sums.count == 1
+    for block_k in (13, 3):
+        with RowSums(width=5) as sums:
+            grads = flash.tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal, block_q=4, block_k=block_k)
+        assert sums.count == 4
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = torch.autograd.grad(naive_attention(*leaves, causal)[0], leaves, d_out)
     for got, want in zip(grads, expected):

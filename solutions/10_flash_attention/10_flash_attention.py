@@ -978,7 +978,10 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     offset = n_keys - n_queries
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None]  # a query that sees no key: P = exp(-inf) = 0
-    row_term = (d_out * out).sum(dim=-1)  # D: once per query, not once per tile
+    # D: once per query, not once per tile, and a block of queries at a time, so that the
+    # product d_out * out (as large as the output) never exists whole
+    row_term = torch.cat([(d_out[..., i0:i0 + block_q, :] * out[..., i0:i0 + block_q, :]).sum(dim=-1)
+                          for i0 in range(0, n_queries, block_q)], dim=-1)
     query_positions, key_positions = torch.arange(n_queries, device=q.device), torch.arange(n_keys, device=q.device)
     for j0 in range(0, n_keys, block_k):  # FlashAttention-2's order: one block of keys and values at a time...
         j1 = min(j0 + block_k, n_keys)
@@ -1641,15 +1644,15 @@ for row in bench["rows"]:
           f"fused SDPA / naive {row[sdpa_name]['seconds'] / row[naive_name]['seconds']:.2f}")
 
 # %% [markdown]
-# On the CPU the large and steady win is memory: about 105 times less than the naive
+# On the CPU the large and steady win is memory: about 100 times less than the naive
 # version at $N = 4{,}096$, the factor a little more than doubling with each doubling of
-# $N$ (2.9, 8.1, 20.6, 48.0, 104.7). Time is a noisy story (one run on a shared two-core
-# machine, cached before the backward computed its row term once per query): in this run
-# our tiled version, its tiles run one by one from Python, takes 0.72 of the naive time at
-# $N = 256$, as long at $N = 512$ (1.01), and ever less beyond, 0.22 at $N = 4{,}096$,
-# where the naive version's $N \times N$ matrices no longer fit in the caches; PyTorch's
-# fused kernel, the same algorithm in C++, is faster than both at every $N$. "Dramatically accelerating" is
-# the GPU's story: the roofline predicts both memory and time to improve there, and the
+# $N$ (2.7, 7.8, 19.9, 46.7, 102.1). Time is a noisy story (one run on a two-core machine,
+# one thread): in this run our tiled version, its tiles run one by one from Python, takes
+# 1.73 times the naive time at $N = 256$, where there are only $2 \times 2$ tiles and the
+# Python around them costs more than it saves, 0.72 and 0.73 at $N = 512$ and $1{,}024$,
+# and ever less beyond, 0.21 at $N = 4{,}096$, where the naive version's $N \times N$
+# matrices no longer fit in the caches. PyTorch's fused kernel, the same algorithm in C++,
+# is faster than both at every $N$. "Dramatically accelerating" is the GPU's story: the roofline predicts both memory and time to improve there, and the
 # README's GPU table, from the same script, is where the course measures it (it says
 # whether it has run yet). And attention is only part of a training step: the
 # feed-forward networks and projections do not get faster, so a whole step gains less
