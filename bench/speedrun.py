@@ -55,6 +55,8 @@ REFERENCE_TOKENS_PER_SECOND = 20_000.0  # nanoGPT's baseline on the course's 2-c
 # (these machines are noisy: calibration and training move with the load, not always alike).
 LOSS_TOLERANCE = 0.01
 TIME_TOLERANCE = 1.5
+# What a recipe may set of the optimizer and its schedule besides steps and lr (TrainConfig's names).
+TRAIN_OPTIONS = ("weight_decay", "min_lr_ratio", "warmup_steps", "beta2", "grad_clip")
 _SHAPE = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "dropout", "positions", "norm", "ffn")
 RECIPES = {
     # The shipped model's recipe, stopped at the issue's target or at 10 minutes.
@@ -122,10 +124,12 @@ def _timed(work) -> float:
     return time.perf_counter() - start
 
 
-def run(name: str, *, threads: int = 2, model_out: Path | None = None, say=print) -> dict:
+def run(name: str, *, threads: int = 2, model_out: Path | None = None, say=print, settings: dict | None = None) -> dict:
     """Train recipe ``name`` as the module docstring says; its record. ``model_out``: where
-    the trained model goes (its tokenizer beside it), never over the shipped model."""
-    settings = RECIPES[name]
+    the trained model goes (its tokenizer beside it), never over the shipped model.
+    ``settings``: the recipe's settings when they are not ``RECIPES[name]`` (an ablation's);
+    besides the shape and the data they may set the optimizer's ``TRAIN_OPTIONS``."""
+    settings = RECIPES[name] if settings is None else settings
     torch.set_num_threads(threads)
     before = calibrate()
     clock = 0.0
@@ -138,7 +142,8 @@ def run(name: str, *, threads: int = 2, model_out: Path | None = None, say=print
     torch.manual_seed(settings["seed"])
     model = GPT(recipe_config(len(tokenizer), **{k: settings[k] for k in _SHAPE if k != "vocab_size"}))
     batches = BatchSampler(train_ids, settings["batch_size"], settings["context_length"], seed=settings["seed"])
-    config = recipe_train_config(steps=settings["steps"], lr=settings["lr"])
+    config = recipe_train_config(steps=settings["steps"], lr=settings["lr"],
+                                 **{key: settings[key] for key in TRAIN_OPTIONS if key in settings})
     state = TrainState.new(model, config)
     clock += time.perf_counter() - started
     evaluations, loss = [], float("inf")

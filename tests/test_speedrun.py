@@ -4,6 +4,7 @@ same seed verifies it; a record whose loss or code version does not match fails.
 import copy
 import importlib.util
 import json
+import statistics
 
 import pytest
 
@@ -89,3 +90,42 @@ def test_the_leaderboard_sorts_by_normalized_time_and_refuses_a_missing_record(s
     with pytest.raises(SystemExit):
         speedrun.main(["verify", "3", "--board", str(board)])
     assert "record must be 0 to 0" in capsys.readouterr().err
+
+
+@pytest.fixture
+def ablations(monkeypatch):
+    """bench/speedrun_ablations.py over the tiny recipe, with one change: seconds, not minutes."""
+    spec = importlib.util.spec_from_file_location("bench_speedrun_ablations", paths.ROOT / "bench" / "speedrun_ablations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tiny = module.speedrun.RECIPES["tiny"]
+    monkeypatch.setattr(module, "BASE", dict(tiny, steps=20, check_every=20))
+    monkeypatch.setattr(module, "ABLATIONS", {"base": ({}, "tiny"), "lr 1e-2": ({"lr": 1e-2}, "a higher rate"),
+                                              "heavy decay": ({"weight_decay": 5.0}, "much decay")})
+    return module
+
+
+def test_ablations_are_cached_resumed_and_paired_by_seed(ablations, tmp_path):
+    cache = tmp_path / "ablations.json"
+    said = []
+    runs = ablations.run_missing(["base", "lr 1e-2"], [0, 1], threads=1, path=cache, say=said.append)
+    assert sorted((r["ablation"], r["seed"]) for r in runs) == [("base", 0), ("base", 1), ("lr 1e-2", 0), ("lr 1e-2", 1)]
+    assert ablations.load(cache) == runs  # saved as each run ends
+    said.clear()
+    again = ablations.run_missing(["base", "lr 1e-2", "heavy decay"], [0, 1], threads=1, path=cache,
+                                  say=said.append)
+    assert [line for line in said if not line.startswith("  ")] == ["heavy decay, seed 0:", "heavy decay, seed 1:"]
+    # the weight decay reached the optimizer: its run differs from the base run of the same seed
+    decayed = {r["seed"]: r["nats_per_char"] for r in again if r["ablation"] == "heavy decay"}
+    base = {r["seed"]: r["nats_per_char"] for r in again if r["ablation"] == "base"}
+    assert decayed != base
+    rows = {line.split(" | ")[0].strip("| "): line for line in ablations.table(again) if line.startswith("| ")}
+    paired = sorted(decayed[s] - base[s] for s in (0, 1))
+    assert f"{statistics.median(paired):+.3f} ({paired[0]:+.3f} to {paired[1]:+.3f})" in rows["heavy decay"]
+    # a run made by other code (another version of its settings) is neither used nor kept
+    changed = [dict(r, code_version="0" * 16) if r["ablation"] == "lr 1e-2" and r["seed"] == 1 else r for r in again]
+    ablations.save(changed, cache)
+    said.clear()
+    ablations.run_missing(["lr 1e-2"], [1], threads=1, path=cache, say=said.append)
+    assert said[0] == "lr 1e-2, seed 1:"
+    assert len(ablations.load(cache)) == 6
