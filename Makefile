@@ -208,9 +208,10 @@ speedrun: $(STAMP)
 	$(BIN)/python bench/speedrun.py run $(SPEEDRUN_ARGS)
 
 # BOARD=FILE verifies a record of another leaderboard (a learner's submitted file, docs/speedrun.md);
-# OUT=FILE appends the rerun to that leaderboard when it holds.
+# OUT=FILE appends the rerun to that leaderboard when it holds. Only an OUT the caller gives
+# counts: the Makefile's own default OUT is grade's folder.
 speedrun-verify: $(STAMP)
-	$(BIN)/python bench/speedrun.py verify $(RECORD) $(if $(BOARD),--board $(BOARD)) $(if $(OUT),--out $(OUT))
+	$(BIN)/python bench/speedrun.py verify $(RECORD) $(if $(BOARD),--board $(BOARD)) $(if $(filter-out file undefined,$(origin OUT)),--out $(OUT))
 
 clean-venv:
 	rm -rf $(VENV)

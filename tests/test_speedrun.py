@@ -4,7 +4,9 @@ same seed verifies it; a record whose loss or code version does not match fails.
 import copy
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 
 import pytest
 
@@ -129,3 +131,15 @@ def test_ablations_are_cached_resumed_and_paired_by_seed(ablations, tmp_path):
     ablations.run_missing(["lr 1e-2"], [1], threads=1, path=cache, say=said.append)
     assert said[0] == "lr 1e-2, seed 1:"
     assert len(ablations.load(cache)) == 6
+
+
+def test_make_speedrun_verify_writes_a_leaderboard_only_when_asked():
+    """The Makefile's own OUT (make grade's folder) is not a leaderboard to append to."""
+    def command(*args):
+        run = subprocess.run(["make", "--no-print-directory", "-n", "speedrun-verify", *args], cwd=paths.ROOT,
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+        return run.stdout.strip().splitlines()[-1]
+
+    assert "--out" not in command("RECORD=0")
+    assert command("RECORD=0", "BOARD=alice.json", "OUT=race.json").endswith(
+        "verify 0 --board alice.json --out race.json")
